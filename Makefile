@@ -1,0 +1,22 @@
+# `make train` and `make test` create .venv with the pinned requirements on
+# first use. WORKDIR and CONFIG choose the run; MNIST_MANUAL_DIR (if set)
+# names the directory of the original MNIST files for offline preparation.
+PYTHON ?= python3
+VENV := .venv
+WORKDIR ?= $(HOME)/mnist
+CONFIG ?= configs/default.py
+
+$(VENV)/installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -r requirements.txt
+	touch $@
+
+.PHONY: venv train test
+venv: $(VENV)/installed
+
+train: venv
+	$(VENV)/bin/python main.py --workdir=$(WORKDIR) --config=$(CONFIG)
+
+test: venv
+	$(VENV)/bin/python -m pytest -q

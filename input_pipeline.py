@@ -1,0 +1,150 @@
+"""MNIST input pipeline: TFDS prepares the data, tf.data batches it.
+
+TFDS prepares the data set once in its `data_dir`. Offline, it prepares it from
+the four original `*-ubyte.gz` files in a manual directory, checking them
+against the checksums it registers; online, with no manual directory, it
+downloads the same files itself.
+"""
+
+import os
+from typing import Iterator
+
+import ml_collections
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+from tensorflow_datasets.core.download import download_manager
+
+# Environment variable naming the manual directory when the config does not.
+MANUAL_DIR_ENV = 'MNIST_MANUAL_DIR'
+
+Batch = dict[str, np.ndarray]
+
+
+class DataError(Exception):
+  """The data set cannot be prepared; the message is one line for the user."""
+
+
+def get_builder(config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
+  """Returns the TFDS builder of `config.dataset`, prepared if it was not."""
+  try:
+    builder = tfds.builder(config.dataset, data_dir=config.data_dir or None)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise DataError(
+        f'unknown dataset {config.dataset!r}: use a TFDS image classification '
+        "builder of 28x28x1 images, e.g. 'mnist' or 'fashion_mnist'"
+    ) from None
+  if not builder.is_prepared():
+    _prepare(builder, config)
+  return builder
+
+
+def manual_dir(config: ml_collections.ConfigDict, builder) -> tuple[str, bool]:
+  """Returns the manual directory and whether the user named it."""
+  named = config.manual_dir or os.environ.get(MANUAL_DIR_ENV, '')
+  if named:
+    return os.path.expanduser(named), True
+  return os.path.join(builder.data_dir_root, 'downloads', 'manual'), False
+
+
+def _prepare(builder, config: ml_collections.ConfigDict) -> None:
+  """Prepares the data set from the manual directory, or downloads it.
+
+  A manual directory that the user named, or that exists, must hold every
+  file: a missing one is reported instead of starting a download that hangs
+  without network.
+  """
+  directory, named = manual_dir(config, builder)
+  if not named and not os.path.isdir(directory):
+    builder.download_and_prepare()
+    return
+  expected = sorted(info.filename for info in builder.url_infos.values())
+  missing = [f for f in expected if not os.path.isfile(os.path.join(directory, f))]
+  if missing:
+    raise DataError(
+        f'{directory}: missing {", ".join(missing)} ({config.dataset} needs '
+        f'{", ".join(expected)}; set config.manual_dir or ${MANUAL_DIR_ENV})'
+    )
+  try:
+    builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(manual_dir=directory)
+    )
+  except download_manager.NonMatchingChecksumError as e:
+    bad = [f for f in expected if f in str(e)] or ['a file']
+    raise DataError(
+        f'{directory}: {bad[0]} does not match the size and SHA-256 that TFDS '
+        f'registers for {config.dataset}: the file is corrupt or truncated; '
+        'replace it with the original'
+    ) from None
+
+
+def num_examples(builder, split: str) -> int:
+  """Number of examples in `split` (slices like 'train[:10%]' included)."""
+  return builder.info.splits[split].num_examples
+
+
+def _normalize(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+  """uint8 images to float32 in [0, 1]; integer labels as int32."""
+  return {
+      'image': tf.cast(example['image'], tf.float32) / 255.0,
+      'label': tf.cast(example['label'], tf.int32),
+  }
+
+
+def _split(builder, split: str) -> tf.data.Dataset:
+  """The normalised examples of `split`, cached in memory after one pass."""
+  ds = builder.as_dataset(split=split, shuffle_files=False)
+  return ds.map(_normalize, num_parallel_calls=tf.data.AUTOTUNE).cache()
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+  """A shuffle seed that depends on (seed, epoch) alone.
+
+  Each epoch's order is then a pure function of the config, so a resumed run
+  sees the same order as an uninterrupted one.
+  """
+  return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+
+
+class Datasets:
+  """The training and test splits of one builder, as tf.data pipelines."""
+
+  def __init__(self, builder, config: ml_collections.ConfigDict):
+    self.config = config
+    self.num_train = num_examples(builder, config.train_split)
+    self.num_test = num_examples(builder, config.test_split)
+    self.steps_per_epoch = self.num_train // config.batch_size
+    self._train = _split(builder, config.train_split)
+    self._test = _split(builder, config.test_split)
+
+  def train_batches(self, epoch: int) -> Iterator[Batch]:
+    """Shuffled full batches of one epoch; the remainder is dropped."""
+    ds = self._train.shuffle(
+        self.config.shuffle_buffer_size,
+        seed=epoch_seed(self.config.seed, epoch),
+        reshuffle_each_iteration=False,
+    )
+    ds = ds.batch(self.config.batch_size, drop_remainder=True)
+    return ds.prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
+
+  def test_batches(self) -> Iterator[Batch]:
+    """Every test example once, in batches of one shape with a 'mask'."""
+    size = self.config.eval_batch_size
+    ds = self._test.batch(size).prefetch(tf.data.AUTOTUNE)
+    for batch in ds.as_numpy_iterator():
+      yield pad_batch(batch, size)
+
+
+def pad_batch(batch: Batch, size: int) -> Batch:
+  """Pads `batch` with zeros to `size` examples and adds a boolean 'mask'.
+
+  The mask is False on the padding, so that metrics ignore it and one
+  compiled step serves the short last batch too.
+  """
+  n = len(batch['label'])
+  padded = {
+      k: np.pad(v, [(0, size - n)] + [(0, 0)] * (v.ndim - 1))
+      for k, v in batch.items()
+  }
+  padded['mask'] = np.arange(size) < n
+  return padded
