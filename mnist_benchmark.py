@@ -1,0 +1,86 @@
+"""Benchmark: a full training run through `main.main`, then its summaries.
+
+Opt-in, not part of the tests:
+
+  python mnist_benchmark.py --workdir=DIR --config=configs/default.py \
+      [--config.num_epochs=2 ...]
+
+Prints a report, then one JSON object as its last line. Exits non-zero when
+the final test accuracy is outside [0.99, 1.0].
+"""
+
+import glob
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+from absl import app
+from absl import flags
+import main
+import tensorflow as tf
+
+FLAGS = flags.FLAGS
+ACCURACY_RANGE = (0.99, 1.0)
+
+
+def read_scalars(workdir: str) -> dict[str, dict[int, tuple[float, float]]]:
+  """tag -> step -> (value, wall time) of the scalar summaries in `workdir`."""
+  scalars = {}
+  for path in sorted(glob.glob(os.path.join(workdir, 'events.out.tfevents.*'))):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        tensor = tf.make_ndarray(value.tensor)
+        if tensor.ndim == 0 and tensor.dtype.kind == 'f':
+          scalars.setdefault(value.tag, {})[event.step] = (
+              float(tensor), event.wall_time,
+          )
+  return scalars
+
+
+def summarize(scalars, wall_time_s: float, peak_rss_mb: float) -> dict:
+  """The benchmark's figures from the summaries of one run.
+
+  Seconds per epoch are the intervals between epochs' test summaries, so
+  they include evaluation; the median over epochs after the first leaves out
+  compilation. Throughput is the median of the epochs' training images/s.
+  """
+  accuracy = scalars['test_accuracy']
+  epochs = sorted(accuracy)
+  times = [accuracy[e][1] for e in epochs]
+  intervals = [b - a for a, b in zip(times, times[1:])]
+  throughput = [v for e, (v, _) in sorted(scalars['train_images_per_sec'].items())]
+  return {
+      'epochs': len(epochs),
+      'wall_time_s': round(wall_time_s, 2),
+      'seconds_per_epoch': round(statistics.median(intervals), 3) if intervals else None,
+      'train_images_per_sec': round(statistics.median(throughput[1:] or throughput), 1),
+      'final_test_accuracy': accuracy[epochs[-1]][0],
+      'best_test_accuracy': max(v for v, _ in accuracy.values()),
+      'peak_rss_mb': round(peak_rss_mb, 1),
+  }
+
+
+def run(argv) -> None:
+  start = time.perf_counter()
+  main.main(argv)
+  wall_time = time.perf_counter() - start
+  peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  result = summarize(read_scalars(FLAGS.workdir), wall_time, peak_rss_mb)
+  result['config'] = FLAGS.config.to_dict()
+  for key, value in result.items():
+    if key != 'config':
+      print(f'{key}: {value}')
+  print(json.dumps(result, sort_keys=True))
+  low, high = ACCURACY_RANGE
+  if not low <= result['final_test_accuracy'] <= high:
+    sys.exit(
+        f'final test accuracy {result["final_test_accuracy"]:.4f} is outside '
+        f'[{low}, {high}]'
+    )
+
+
+if __name__ == '__main__':
+  app.run(run)
