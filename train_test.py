@@ -65,7 +65,7 @@ def test_train_and_evaluate_logs_summarises_and_exports(
   config = small_config
   config.num_epochs = 2
   workdir = str(tmp_path / 'workdir')
-  with caplog.at_level(logging.INFO):
+  with caplog.at_level(logging.INFO, logger='absl'):
     summary = train.train_and_evaluate(config, workdir)
 
   lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith('epoch:')]
