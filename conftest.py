@@ -5,7 +5,9 @@ import shutil
 
 import pytest
 
+import export
 import input_pipeline
+import train
 from configs import default
 
 # The four original MNIST files, beside the checkout (see ../shared/data).
@@ -54,3 +56,47 @@ def small_config(mnist_data_dir):
   config.batch_size = 64
   config.eval_batch_size = 128
   return config
+
+
+@pytest.fixture(scope='session')
+def trained_model(mnist_data_dir):
+  """The CNN after one epoch on 1,024 training images, in eval mode.
+
+  Trained with train.py's own steps, so that exports of it are exports of a
+  model as training leaves it (BatchNorm statistics included).
+  """
+  config = default.get_config()
+  config.data_dir = mnist_data_dir
+  config.train_split = 'train[:1024]'
+  config.batch_size = 64
+  data = input_pipeline.Datasets(input_pipeline.get_builder(config), config)
+  model = train.create_model(config)
+  optimizer = train.create_optimizer(model, config)
+  metrics = train.create_metrics()
+  model.train()
+  for batch in data.train_batches(1):
+    train.train_step(model, optimizer, metrics, batch)
+  model.eval()
+  return model
+
+
+@pytest.fixture(scope='session')
+def mnist_test_images(mnist_data_dir) -> tuple:
+  """The first 256 images of TFDS' test split, float32 in [0, 1], and labels.
+
+  TFDS orders them its own way, not as the original files do.
+  """
+  config = default.get_config()
+  config.data_dir = mnist_data_dir
+  config.test_split = 'test[:256]'
+  config.eval_batch_size = 256
+  data = input_pipeline.Datasets(input_pipeline.get_builder(config), config)
+  (batch,) = list(data.test_batches())
+  return batch['image'], batch['label']
+
+
+@pytest.fixture(scope='session')
+def trained_export(trained_model, tmp_path_factory) -> str:
+  """The SavedModel exported from `trained_model`: its version directory."""
+  model_dir = str(tmp_path_factory.mktemp('trained_export') / 'mnist')
+  return export.export_saved_model(trained_model, model_dir)

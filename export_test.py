@@ -5,12 +5,18 @@ import os
 import subprocess
 import sys
 
+from configs import default
 import export
 from flax import nnx
+import input_pipeline
+import jax
 import models
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.framework import types_pb2
+from tensorflow.core.protobuf import saved_model_pb2
+import train
 
 
 @pytest.fixture(scope='module')
@@ -83,3 +89,86 @@ def test_runs_in_tensorflow_without_jax(exported):
   )
   logits = np.array(json.loads(result.stdout.splitlines()[-1]))
   np.testing.assert_allclose(logits, np.asarray(model(images)), atol=1e-4)
+
+
+# What TF Serving needs of a trained model's export, checked on real MNIST.
+
+
+@pytest.mark.parametrize('batch', [1, 7, 256])
+def test_trained_export_computes_the_jax_logits(
+    trained_model, trained_export, mnist_test_images, batch
+):
+  images = mnist_test_images[0][:batch]
+  expected = np.asarray(trained_model(images))
+  loaded = tf.saved_model.load(trained_export)
+  for key in export.SIGNATURES:
+    outputs = loaded.signatures[key](image=tf.constant(images))
+    np.testing.assert_allclose(outputs['logits'].numpy(), expected, atol=1e-4)
+    np.testing.assert_allclose(
+        outputs['probabilities'].numpy(),
+        np.asarray(jax.nn.softmax(expected)), atol=1e-5,
+    )
+
+
+def test_trained_export_runs_in_tensorflow_without_jax(
+    trained_model, trained_export, mnist_test_images
+):
+  images = mnist_test_images[0]
+  script = (
+      'import sys\n'
+      'sys.modules["jax"] = sys.modules["jaxlib"] = None\n'
+      'import numpy as np, tensorflow as tf\n'
+      'f = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]\n'
+      'for n in (1, 7, 256):\n'
+      '  x = np.load(sys.argv[2])[:n]\n'
+      '  np.save(sys.argv[3] + str(n), f(image=tf.constant(x))["logits"].numpy())\n'
+      'assert "jax" not in [m.split(".")[0] for m, v in sys.modules.items() if v]\n'
+  )
+  directory = os.path.dirname(trained_export)
+  np.save(os.path.join(directory, 'images.npy'), images)
+  subprocess.run(
+      [sys.executable, '-c', script, trained_export,
+       os.path.join(directory, 'images.npy'), os.path.join(directory, 'logits')],
+      check=True, capture_output=True, timeout=300,
+  )
+  expected = np.asarray(trained_model(images))
+  for n in (1, 7, 256):
+    logits = np.load(os.path.join(directory, f'logits{n}.npy'))
+    assert logits.shape == (n, 10)
+    np.testing.assert_allclose(logits, expected[:n], atol=1e-4)
+
+
+def test_signature_def_is_what_tf_serving_reads(trained_export):
+  """The MetaGraph that TF Serving loads (tag 'serve') and its Predict API reads."""
+  saved_model = saved_model_pb2.SavedModel()
+  with open(os.path.join(trained_export, 'saved_model.pb'), 'rb') as f:
+    saved_model.ParseFromString(f.read())
+  (meta_graph,) = saved_model.meta_graphs
+  assert list(meta_graph.meta_info_def.tags) == ['serve']
+  for key in export.SIGNATURES:
+    signature = meta_graph.signature_def[key]
+    assert signature.method_name == 'tensorflow/serving/predict'
+    assert list(signature.inputs) == [export.INPUT_NAME]
+    image = signature.inputs[export.INPUT_NAME]
+    assert image.dtype == types_pb2.DT_FLOAT
+    assert [d.size for d in image.tensor_shape.dim] == [-1, 28, 28, 1]
+    assert sorted(signature.outputs) == ['logits', 'probabilities']
+    for output in signature.outputs.values():
+      assert output.dtype == types_pb2.DT_FLOAT
+      assert [d.size for d in output.tensor_shape.dim] == [-1, 10]
+
+
+def test_trained_export_scores_the_accuracy_training_reports(
+    trained_model, trained_export, mnist_data_dir
+):
+  config = default.get_config()
+  config.data_dir = mnist_data_dir
+  config.test_split = 'test[:300]'
+  data = input_pipeline.Datasets(input_pipeline.get_builder(config), config)
+  reported = train.evaluate(trained_model, train.create_metrics(), data.test_batches())
+  function = tf.saved_model.load(trained_export).signatures['serving_default']
+  correct = 0
+  for batch in data.test_batches():
+    logits = function(image=tf.constant(batch['image']))['logits'].numpy()
+    correct += np.sum((logits.argmax(-1) == batch['label']) & batch['mask'])
+  assert np.float32(correct / 300) == np.float32(reported['accuracy'])
