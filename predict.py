@@ -1,0 +1,366 @@
+"""Classifies images of digits with the exported MNIST model.
+
+The model runs in one of three places:
+
+  python predict.py --saved_model=$HOME/mnist/export/mnist 7.png 3.png
+  python predict.py --server=localhost:8501 7.png     # TF Serving, REST
+  python predict.py --grpc=localhost:8500 digits.npy  # TF Serving, gRPC
+
+Inputs are PNG (or any image Pillow reads) files of any size, grey or RGB, or
+`.npy` arrays of 28x28 images. Images are prepared as training saw MNIST:
+converted to grey, resized to 28x28, scaled from [0, 255] to [0, 1]. MNIST
+digits are white (255) on black (0); scans of dark ink on white paper need
+`--invert`.
+
+One line per image: the input, the predicted digit and its probability (JSON
+lines with `--json`). An input that cannot be classified gets one line on
+stderr naming it and the cause; the others are still classified, and the exit
+status is 1.
+"""
+
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+
+from absl import app
+from absl import flags
+import numpy as np
+from PIL import Image
+from PIL import UnidentifiedImageError
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string(
+    'saved_model', None,
+    'Run the SavedModel locally in TensorFlow: a version directory, or the '
+    'model directory (<workdir>/export/mnist), whose highest version is used.',
+)
+flags.DEFINE_string('server', None, 'TF Serving REST address, HOST:8501.')
+flags.DEFINE_string('grpc', None, 'TF Serving gRPC address, HOST:8500.')
+flags.DEFINE_string('model_name', 'mnist', 'MODEL_NAME the server serves.')
+flags.DEFINE_string('signature', 'serving_default', 'Signature to call.')
+flags.DEFINE_bool('invert', False, 'Images are dark digits on light ground.')
+flags.DEFINE_bool('json', False, 'Print one JSON object per image.')
+flags.DEFINE_float('timeout', 10.0, 'Seconds to wait for a server.')
+flags.mark_flags_as_mutual_exclusive(['saved_model', 'server', 'grpc'], True)
+
+# What the exported signatures take (see export.py; not imported from there,
+# which would import JAX).
+INPUT_NAME = 'image'
+IMAGE_SIZE = 28
+
+
+class InputError(Exception):
+  """An input cannot be classified; the message is the cause, in one line."""
+
+
+def _one_line(text: str) -> str:
+  return ' '.join(str(text).split())
+
+
+# Inputs.
+
+
+def load_image(path: str, invert: bool = False) -> np.ndarray:
+  """A `(1, 28, 28, 1)` float32 batch in [0, 1] from an image file.
+
+  Grey by ITU-R 601 luma (Pillow's 'L'), then resized with Pillow's bilinear
+  filter (a 28x28 image is left as it is), then divided by 255: on MNIST's
+  own images this gives exactly the training data.
+  """
+  try:
+    with Image.open(path) as image:
+      grey = image.convert('L')
+  except UnidentifiedImageError:
+    raise InputError('not an image that Pillow can read') from None
+  except OSError as e:
+    raise InputError(e.strerror or _one_line(e)) from None
+  if grey.size != (IMAGE_SIZE, IMAGE_SIZE):
+    grey = grey.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BILINEAR)
+  pixels = np.asarray(grey, np.float32) / 255.0
+  if invert:
+    pixels = 1.0 - pixels
+  return pixels.reshape(1, IMAGE_SIZE, IMAGE_SIZE, 1)
+
+
+def load_array(path: str) -> np.ndarray:
+  """A `(n, 28, 28, 1)` float32 batch in [0, 1] from a `.npy` file.
+
+  The array holds one image `(28, 28)`, `(28, 28, 1)` or a batch `(n, 28, 28)`,
+  `(n, 28, 28, 1)`: uint8 in [0, 255] (as MNIST's files), or floats already
+  in [0, 1] (as training saw them).
+  """
+  try:
+    array = np.load(path, allow_pickle=False)
+  except OSError as e:
+    raise InputError(e.strerror or _one_line(e)) from None
+  except ValueError as e:
+    raise InputError(f'not a .npy array ({_one_line(e)})') from None
+  if not isinstance(array, np.ndarray):  # np.load opens .npz archives too.
+    array.close()
+    raise InputError('an .npz archive, not a .npy array')
+  shape = array.shape
+  if shape[-1:] == (1,) and array.ndim in (3, 4):
+    array = array[..., 0]
+  if array.ndim == 2:
+    array = array[None]
+  if array.ndim != 3 or array.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE):
+    raise InputError(
+        f'array of shape {shape}, expected (28, 28), (28, 28, 1), '
+        '(n, 28, 28) or (n, 28, 28, 1)'
+    )
+  if array.shape[0] == 0:
+    raise InputError(f'array of shape {shape} holds no image')
+  if array.dtype == np.uint8:
+    array = array.astype(np.float32) / 255.0
+  elif np.issubdtype(array.dtype, np.floating):
+    if not (np.all(array >= 0.0) and np.all(array <= 1.0)):
+      raise InputError('float array with values outside [0, 1]')
+  else:
+    raise InputError(f'array of dtype {array.dtype}, expected uint8 or float')
+  return array.astype(np.float32)[..., None]
+
+
+def load_input(path: str, invert: bool = False) -> np.ndarray:
+  """The batch of images in `path`: an array if it ends in .npy, else an image."""
+  if not os.path.exists(path):
+    raise InputError('no such file')
+  if path.endswith('.npy'):
+    return load_array(path)
+  return load_image(path, invert)
+
+
+# The model, in TensorFlow or behind TF Serving. Each takes a batch and
+# returns its 'probabilities' (n, 10) and 'logits' (n, 10) as numpy arrays.
+
+
+def find_saved_model(directory: str) -> str:
+  """`directory` if it holds a SavedModel, else its highest integer version."""
+  if os.path.isfile(os.path.join(directory, 'saved_model.pb')):
+    return directory
+  versions = [
+      int(d) for d in (os.listdir(directory) if os.path.isdir(directory) else [])
+      if d.isdigit() and os.path.isfile(os.path.join(directory, d, 'saved_model.pb'))
+  ]
+  if not versions:
+    raise InputError(
+        'no saved_model.pb in it nor in an integer version directory under it'
+    )
+  return os.path.join(directory, str(max(versions)))
+
+
+class SavedModelClassifier:
+  """Runs a signature of the SavedModel in this process, with TensorFlow only."""
+
+  def __init__(self, directory: str, signature: str):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    self._tf = tf
+    loaded = tf.saved_model.load(find_saved_model(directory))
+    if signature not in loaded.signatures:
+      raise InputError(
+          f'no signature {signature!r} (it has {", ".join(loaded.signatures)})'
+      )
+    self._loaded = loaded  # Holds the variables the signature reads.
+    self._function = loaded.signatures[signature]
+
+  def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
+    outputs = self._function(**{INPUT_NAME: self._tf.constant(images)})
+    return {k: v.numpy() for k, v in outputs.items()}
+
+
+def rest_request(images: np.ndarray, signature: str) -> dict:
+  """The body of TF Serving's REST predict request, in its row format.
+
+  https://www.tensorflow.org/tfx/serving/api_rest#request_format_2
+  """
+  return {
+      'signature_name': signature,
+      'instances': [{INPUT_NAME: image.tolist()} for image in images],
+  }
+
+
+class RestClassifier:
+  """POSTs to TF Serving's REST API: /v1/models/<model>:predict."""
+
+  def __init__(self, address: str, model_name: str, signature: str,
+               timeout: float):
+    self.address = address
+    self.url = f'http://{address}/v1/models/{model_name}:predict'
+    self.signature = signature
+    self.timeout = timeout
+
+  def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
+    request = urllib.request.Request(
+        self.url,
+        data=json.dumps(rest_request(images, self.signature)).encode(),
+        headers={'Content-Type': 'application/json'},
+        method='POST',
+    )
+    try:
+      with urllib.request.urlopen(request, timeout=self.timeout) as response:
+        body = json.loads(response.read())
+    except urllib.error.HTTPError as e:
+      raise InputError(
+          f'server {self.address} answered {e.code}: {_rest_error(e)}'
+      ) from None
+    except (urllib.error.URLError, OSError) as e:
+      reason = getattr(e, 'reason', e)
+      raise InputError(
+          f'server {self.address} does not answer ({_one_line(reason)})'
+      ) from None
+    except json.JSONDecodeError:
+      raise InputError(f'server {self.address} answered with no JSON') from None
+    return _rest_outputs(body, len(images), self.address)
+
+
+def _rest_error(error: urllib.error.HTTPError) -> str:
+  """TF Serving's {"error": ...} message, else the HTTP reason."""
+  try:
+    return _one_line(json.loads(error.read())['error'])
+  except (ValueError, KeyError, TypeError, OSError):
+    return _one_line(error.reason)
+
+
+def _rest_outputs(body, n: int, address: str) -> dict[str, np.ndarray]:
+  """The named outputs of a row-format response: a list of n objects."""
+  rows = body.get('predictions') if isinstance(body, dict) else None
+  try:
+    outputs = {k: np.array([row[k] for row in rows], np.float32)
+               for k in ('probabilities', 'logits')}
+  except (TypeError, KeyError, ValueError):
+    raise InputError(
+        f'server {address} answered without predictions of logits and '
+        'probabilities'
+    ) from None
+  if any(v.shape != (n, 10) for v in outputs.values()):
+    raise InputError(f'server {address} answered with {n} images not scored')
+  return outputs
+
+
+class GrpcClassifier:
+  """Calls TF Serving's gRPC PredictionService.Predict."""
+
+  def __init__(self, address: str, model_name: str, signature: str,
+               timeout: float):
+    import grpc  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=g-import-not-at-top
+
+    self._grpc, self._tf = grpc, tf
+    self.address = address
+    self.model_name = model_name
+    self.signature = signature
+    self.timeout = timeout
+    self._channel = grpc.insecure_channel(address)
+    self._stub = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
+
+  def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
+    request = grpc_request(images, self.model_name, self.signature)
+    try:
+      response = self._stub.Predict(request, timeout=self.timeout)
+    except self._grpc.RpcError as e:
+      code = e.code()
+      if code in (self._grpc.StatusCode.UNAVAILABLE,
+                  self._grpc.StatusCode.DEADLINE_EXCEEDED):
+        raise InputError(
+            f'server {self.address} does not answer ({code.name}: '
+            f'{_one_line(e.details())})'
+        ) from None
+      raise InputError(
+          f'server {self.address} answered {code.name}: {_one_line(e.details())}'
+      ) from None
+    try:
+      outputs = {k: self._tf.make_ndarray(response.outputs[k])
+                 for k in ('probabilities', 'logits')}
+    except (KeyError, TypeError, ValueError):
+      raise InputError(
+          f'server {self.address} answered without logits and probabilities'
+      ) from None
+    if any(v.shape != (len(images), 10) for v in outputs.values()):
+      raise InputError(
+          f'server {self.address} answered with {len(images)} images not scored'
+      )
+    return outputs
+
+
+def grpc_request(images: np.ndarray, model_name: str, signature: str):
+  """TF Serving's PredictRequest: the batch as the signature's named input."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow_serving.apis import predict_pb2  # pylint: disable=g-import-not-at-top
+
+  request = predict_pb2.PredictRequest()
+  request.model_spec.name = model_name
+  request.model_spec.signature_name = signature
+  request.inputs[INPUT_NAME].CopyFrom(
+      tf.make_tensor_proto(images, dtype=tf.float32)
+  )
+  return request
+
+
+# The command.
+
+
+def classify(paths, classifier, invert=False, as_json=False,
+             out=sys.stdout, err=sys.stderr) -> int:
+  """Prints the digit of every image in `paths`; returns the number of failures.
+
+  Every input is sent on its own, so that a bad one is named and the others
+  are still classified.
+  """
+  failures = 0
+  for path in paths:
+    try:
+      outputs = classifier(load_input(path, invert))
+    except InputError as e:
+      print(f'error: {path}: {e}', file=err)
+      failures += 1
+      continue
+    many = len(outputs['probabilities']) > 1 or path.endswith('.npy')
+    for i, probabilities in enumerate(outputs['probabilities']):
+      name = f'{path}[{i}]' if many else path
+      digit = int(np.argmax(probabilities))
+      if as_json:
+        print(json.dumps({
+            'input': name,
+            'digit': digit,
+            'probability': float(probabilities[digit]),
+            'probabilities': [float(p) for p in probabilities],
+            'logits': [float(l) for l in outputs['logits'][i]],
+        }), file=out)
+      else:
+        print(f'{name}: {digit} ({probabilities[digit]:.4f})', file=out)
+  return failures
+
+
+def make_classifier():
+  """The classifier that the flags name."""
+  if FLAGS.saved_model:
+    return SavedModelClassifier(FLAGS.saved_model, FLAGS.signature)
+  if FLAGS.server:
+    return RestClassifier(
+        FLAGS.server, FLAGS.model_name, FLAGS.signature, FLAGS.timeout
+    )
+  return GrpcClassifier(
+      FLAGS.grpc, FLAGS.model_name, FLAGS.signature, FLAGS.timeout
+  )
+
+
+def main(argv):
+  if len(argv) < 2:
+    raise app.UsageError('Name at least one image (.png, ...) or .npy file.')
+  try:
+    classifier = make_classifier()
+  except InputError as e:
+    sys.exit(f'error: --saved_model={FLAGS.saved_model}: {e}')
+  except Exception as e:  # pylint: disable=broad-except
+    # TensorFlow raises many kinds of error for a SavedModel it cannot load.
+    sys.exit(f'error: --saved_model={FLAGS.saved_model}: {_one_line(e)}')
+  if classify(argv[1:], classifier, FLAGS.invert, FLAGS.json):
+    sys.exit(1)
+
+
+if __name__ == '__main__':
+  app.run(main)
