@@ -69,13 +69,14 @@ def trained_model(mnist_data_dir):
   config.data_dir = mnist_data_dir
   config.train_split = 'train[:1024]'
   config.batch_size = 64
-  data = input_pipeline.Datasets(input_pipeline.get_builder(config), config)
+  data, _ = input_pipeline.load(config)
   model = train.create_model(config)
   optimizer = train.create_optimizer(model, config)
-  metrics = train.create_metrics()
-  model.train()
-  for batch in data.train_batches(1):
-    train.train_step(model, optimizer, metrics, batch)
+  order = input_pipeline.epoch_order(config.seed, 1, 1024, config.batch_size)
+  train.train_epoch(
+      model, optimizer, train.create_metrics(), data['image'], data['label'],
+      order, config.steps_per_call,
+  )
   model.eval()
   return model
 
@@ -89,10 +90,8 @@ def mnist_test_images(mnist_data_dir) -> tuple:
   config = default.get_config()
   config.data_dir = mnist_data_dir
   config.test_split = 'test[:256]'
-  config.eval_batch_size = 256
-  data = input_pipeline.Datasets(input_pipeline.get_builder(config), config)
-  (batch,) = list(data.test_batches())
-  return batch['image'], batch['label']
+  _, test = input_pipeline.load(config)
+  return test['image'], test['label']
 
 
 @pytest.fixture(scope='session')

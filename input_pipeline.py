@@ -1,4 +1,4 @@
-"""MNIST input pipeline: TFDS prepares the data, tf.data batches it.
+"""MNIST input pipeline: TFDS prepares the data, tf.data normalises it.
 
 TFDS prepares the data set once in its `data_dir`. Offline, it prepares it from
 the four original `*-ubyte.gz` files in a manual directory, checking them
@@ -7,7 +7,6 @@ downloads the same files itself.
 """
 
 import os
-from typing import Iterator
 
 import ml_collections
 import numpy as np
@@ -18,7 +17,8 @@ from tensorflow_datasets.core.download import download_manager
 # Environment variable naming the manual directory when the config does not.
 MANUAL_DIR_ENV = 'MNIST_MANUAL_DIR'
 
-Batch = dict[str, np.ndarray]
+# A split or a batch: float32 'image' (N, 28, 28, 1) in [0, 1], int32 'label'.
+Arrays = dict[str, np.ndarray]
 
 
 class DataError(Exception):
@@ -91,10 +91,24 @@ def _normalize(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
   }
 
 
-def _split(builder, split: str) -> tf.data.Dataset:
-  """The normalised examples of `split`, cached in memory after one pass."""
+def split_arrays(builder, split: str) -> Arrays:
+  """All examples of `split`, normalised by tf.data, as one pair of arrays.
+
+  MNIST is small (60,000 training images are 188 MB as float32), so the
+  training loop keeps it whole in device memory and batches it there.
+  """
   ds = builder.as_dataset(split=split, shuffle_files=False)
-  return ds.map(_normalize, num_parallel_calls=tf.data.AUTOTUNE).cache()
+  ds = ds.map(_normalize, num_parallel_calls=tf.data.AUTOTUNE)
+  return next(ds.batch(num_examples(builder, split)).as_numpy_iterator())
+
+
+def load(config: ml_collections.ConfigDict) -> tuple[Arrays, Arrays]:
+  """The training and test splits of `config`, as arrays."""
+  builder = get_builder(config)
+  return (
+      split_arrays(builder, config.train_split),
+      split_arrays(builder, config.test_split),
+  )
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -106,45 +120,28 @@ def epoch_seed(seed: int, epoch: int) -> int:
   return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
 
 
-class Datasets:
-  """The training and test splits of one builder, as tf.data pipelines."""
+def epoch_order(seed: int, epoch: int, num_examples: int, batch_size: int) -> np.ndarray:
+  """Indices of the examples of each step of `epoch`, `(steps, batch_size)`.
 
-  def __init__(self, builder, config: ml_collections.ConfigDict):
-    self.config = config
-    self.num_train = num_examples(builder, config.train_split)
-    self.num_test = num_examples(builder, config.test_split)
-    self.steps_per_epoch = self.num_train // config.batch_size
-    self._train = _split(builder, config.train_split)
-    self._test = _split(builder, config.test_split)
-
-  def train_batches(self, epoch: int) -> Iterator[Batch]:
-    """Shuffled full batches of one epoch; the remainder is dropped."""
-    ds = self._train.shuffle(
-        self.config.shuffle_buffer_size,
-        seed=epoch_seed(self.config.seed, epoch),
-        reshuffle_each_iteration=False,
-    )
-    ds = ds.batch(self.config.batch_size, drop_remainder=True)
-    return ds.prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
-
-  def test_batches(self) -> Iterator[Batch]:
-    """Every test example once, in batches of one shape with a 'mask'."""
-    size = self.config.eval_batch_size
-    ds = self._test.batch(size).prefetch(tf.data.AUTOTUNE)
-    for batch in ds.as_numpy_iterator():
-      yield pad_batch(batch, size)
-
-
-def pad_batch(batch: Batch, size: int) -> Batch:
-  """Pads `batch` with zeros to `size` examples and adds a boolean 'mask'.
-
-  The mask is False on the padding, so that metrics ignore it and one
-  compiled step serves the short last batch too.
+  A fresh permutation of the whole split every epoch; the remainder that
+  does not fill a batch is dropped.
   """
-  n = len(batch['label'])
+  order = np.random.default_rng(epoch_seed(seed, epoch)).permutation(num_examples)
+  steps = num_examples // batch_size
+  return order[: steps * batch_size].reshape(steps, batch_size).astype(np.int32)
+
+
+def eval_batches(arrays: Arrays, batch_size: int) -> Arrays:
+  """Every example once, in `(batches, batch_size, ...)` arrays with a 'mask'.
+
+  The last batch is padded with zeros; the mask is False on the padding, so
+  that metrics ignore it and one compiled step serves every batch.
+  """
+  n = len(arrays['label'])
+  size = -(-n // batch_size) * batch_size
   padded = {
       k: np.pad(v, [(0, size - n)] + [(0, 0)] * (v.ndim - 1))
-      for k, v in batch.items()
+      for k, v in arrays.items()
   }
   padded['mask'] = np.arange(size) < n
-  return padded
+  return {k: v.reshape(-1, batch_size, *v.shape[1:]) for k, v in padded.items()}

@@ -14,13 +14,13 @@ def _config(**fields):
   return config
 
 
-def test_pad_batch_masks_the_padding():
-  batch = {'image': np.ones((3, 28, 28, 1), np.float32), 'label': np.arange(3)}
-  padded = input_pipeline.pad_batch(batch, 5)
-  assert padded['image'].shape == (5, 28, 28, 1)
-  np.testing.assert_array_equal(padded['mask'], [True] * 3 + [False] * 2)
-  np.testing.assert_array_equal(padded['label'], [0, 1, 2, 0, 0])
-  assert padded['image'][3:].sum() == 0
+def test_eval_batches_pad_and_mask_the_last_batch():
+  arrays = {'image': np.ones((7, 28, 28, 1), np.float32), 'label': np.arange(7)}
+  batches = input_pipeline.eval_batches(arrays, 5)
+  assert batches['image'].shape == (2, 5, 28, 28, 1)
+  np.testing.assert_array_equal(batches['mask'], [[True] * 5, [True] * 2 + [False] * 3])
+  np.testing.assert_array_equal(batches['label'][1], [5, 6, 0, 0, 0])
+  assert batches['image'][1, 2:].sum() == 0
 
 
 def test_epoch_seed_depends_on_seed_and_epoch_only():
@@ -29,39 +29,32 @@ def test_epoch_seed_depends_on_seed_and_epoch_only():
   assert input_pipeline.epoch_seed(1, 2) == input_pipeline.epoch_seed(1, 2)
 
 
-def test_batches_are_normalised_images_and_integer_labels(mnist_data_dir):
-  config = _config(data_dir=mnist_data_dir, train_split='train[:512]')
-  data = input_pipeline.Datasets(input_pipeline.get_builder(config), config)
-  assert (data.num_train, data.num_test) == (512, 10_000)
-  batches = list(data.train_batches(epoch=1))
-  assert len(batches) == data.steps_per_epoch == 4
-  batch = batches[0]
-  assert batch['image'].shape == (128, 28, 28, 1)
-  assert batch['image'].dtype == np.float32
-  assert 0.0 == batch['image'].min() and batch['image'].max() == 1.0
-  assert batch['label'].dtype == np.int32
-  assert set(np.unique(batch['label'])) <= set(range(10))
+def test_epoch_order_is_a_reproducible_permutation_per_epoch():
+  order = input_pipeline.epoch_order(seed=0, epoch=1, num_examples=1000, batch_size=128)
+  assert order.shape == (7, 128) and order.dtype == np.int32
+  assert len(np.unique(order)) == 7 * 128  # No example twice; 104 dropped.
+  np.testing.assert_array_equal(order, input_pipeline.epoch_order(0, 1, 1000, 128))
+  assert not np.array_equal(order, input_pipeline.epoch_order(0, 2, 1000, 128))
+  assert not np.array_equal(order, input_pipeline.epoch_order(1, 1, 1000, 128))
 
 
-def test_epochs_have_their_own_reproducible_order(mnist_data_dir):
-  config = _config(data_dir=mnist_data_dir, train_split='train[:512]')
-  data = input_pipeline.Datasets(input_pipeline.get_builder(config), config)
-  labels = lambda epoch: np.concatenate(
-      [b['label'] for b in data.train_batches(epoch)]
-  )
-  np.testing.assert_array_equal(labels(1), labels(1))
-  assert not np.array_equal(labels(1), labels(2))
-
-
-def test_test_batches_cover_every_example_once(mnist_data_dir):
+def test_splits_are_normalised_images_and_integer_labels(mnist_data_dir):
   config = _config(
-      data_dir=mnist_data_dir, test_split='test[:1000]', eval_batch_size=128
+      data_dir=mnist_data_dir, train_split='train[:512]', test_split='test[:300]'
   )
-  data = input_pipeline.Datasets(input_pipeline.get_builder(config), config)
-  batches = list(data.test_batches())
-  assert len(batches) == 8  # 7 full batches and one of 104 examples.
-  assert {b['image'].shape for b in batches} == {(128, 28, 28, 1)}
-  assert sum(b['mask'].sum() for b in batches) == 1000
+  train, test = input_pipeline.load(config)
+  assert (len(train['label']), len(test['label'])) == (512, 300)
+  for arrays in (train, test):
+    assert arrays['image'].shape[1:] == (28, 28, 1)
+    assert arrays['image'].dtype == np.float32
+    assert 0.0 == arrays['image'].min() and arrays['image'].max() == 1.0
+    assert arrays['label'].dtype == np.int32
+    assert set(np.unique(arrays['label'])) == set(range(10))
+  # Exactly tf.data's normalisation of TFDS' uint8 pixels: k / 255.
+  pixels = np.round(train['image'] * 255)
+  np.testing.assert_array_equal(
+      train['image'], pixels.astype(np.float32) / np.float32(255)
+  )
 
 
 def test_prepares_offline_from_the_manual_dir(mnist_data_dir):

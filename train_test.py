@@ -2,7 +2,10 @@
 
 import logging
 import os
+import subprocess
+import sys
 
+from flax import nnx
 import input_pipeline
 import jax
 import mnist_benchmark
@@ -11,39 +14,92 @@ import pytest
 import train
 
 
-def test_evaluate_counts_every_test_example_once(small_config, caplog):
+def _test_batches(config):
+  _, test = input_pipeline.load(config)
+  return test, input_pipeline.eval_batches(test, config.eval_batch_size)
+
+
+def test_evaluate_counts_every_test_example_once(small_config):
   config = small_config
   config.test_split = 'test[:300]'  # 2 batches of 128 and one of 44.
-  data = input_pipeline.Datasets(input_pipeline.get_builder(config), config)
+  _, batches = _test_batches(config)
   model = train.create_model(config)
   metrics = train.create_metrics()
-  train.evaluate(model, metrics, data.test_batches())
-  # evaluate() resets the metrics after computing them: count again by hand.
-  # The step compiled above serves the full and the short batches alike.
   model.eval()
-  with jax.log_compiles(), caplog.at_level(logging.DEBUG):
-    for batch in data.test_batches():
-      train.eval_step(model, metrics, batch)
-  assert not [r for r in caplog.records if 'Compiling' in r.getMessage()]
+  graphdef, state = nnx.split((model, metrics))
+  nnx.update((model, metrics), train._eval_batches(graphdef, state, batches))
   assert int(metrics.accuracy.count) == 300
   assert int(metrics.loss.count) == 300
 
 
 def test_evaluate_matches_unpadded_metrics(small_config):
   config = small_config
-  data = input_pipeline.Datasets(input_pipeline.get_builder(config), config)
+  test, batches = _test_batches(config)
   model = train.create_model(config)
-  got = train.evaluate(model, train.create_metrics(), data.test_batches())
-  batches = list(data.test_batches())
-  images = np.concatenate([b['image'][b['mask']] for b in batches])
-  labels = np.concatenate([b['label'][b['mask']] for b in batches])
-  assert len(labels) == 300
-  logits = np.asarray(model(images))
-  expected_accuracy = np.mean(logits.argmax(-1) == labels)
+  got = train.evaluate(model, train.create_metrics(), batches)
+  assert len(test['label']) == 300
+  logits = np.asarray(model(test['image']))
+  expected_accuracy = np.mean(logits.argmax(-1) == test['label'])
   logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-  expected_loss = -np.mean(logp[np.arange(len(labels)), labels])
+  expected_loss = -np.mean(logp[np.arange(300), test['label']])
   assert got['accuracy'] == pytest.approx(expected_accuracy, abs=1e-6)
   assert got['loss'] == pytest.approx(expected_loss, rel=1e-5)
+
+
+def test_unrolled_threefry_draws_the_same_bits():
+  # A fresh process keeps JAX's own (rolled) CPU lowering.
+  script = (
+      'import jax, numpy as np, sys\n'
+      'key = jax.random.key(7)\n'
+      'np.save(sys.argv[1], jax.random.bernoulli(key, 0.975, (64, 28, 28, 32)))\n'
+  )
+  path = os.path.join(os.environ.get('TMPDIR', '/tmp'), f'bits{os.getpid()}.npy')
+  subprocess.run([sys.executable, '-c', script, path], check=True)
+  expected = np.load(path)
+  os.remove(path)
+  train.unroll_threefry_on_cpu()
+  got = jax.jit(jax.random.bernoulli, static_argnums=(1, 2))(
+      jax.random.key(7), 0.975, (64, 28, 28, 32)
+  )
+  np.testing.assert_array_equal(np.asarray(got), expected)
+
+
+def _reference_steps(config, images, labels, order):
+  """The Flax example's loop: the stock `nnx.Conv`, an `nnx.jit` step a batch."""
+  model = train.create_model(config)
+  for conv in (model.conv1, model.conv2):
+    conv.conv_general_dilated = jax.lax.conv_general_dilated
+  optimizer = train.create_optimizer(model, config)
+  metrics = train.create_metrics()
+  step = nnx.jit(train.train_step)
+  model.train()
+  for indices in order:
+    step(model, optimizer, metrics, {'image': images[indices], 'label': labels[indices]})
+  return model, metrics
+
+
+def test_fast_steps_match_the_straightforward_loop(small_config):
+  config = small_config
+  data, _ = input_pipeline.load(config)
+  order = input_pipeline.epoch_order(config.seed, 1, 1024, config.batch_size)[:6]
+  expected, expected_metrics = _reference_steps(
+      config, data['image'], data['label'], order
+  )
+  model = train.create_model(config)
+  optimizer = train.create_optimizer(model, config)
+  metrics = train.create_metrics()
+  # Two dispatches of three scanned steps each.
+  train.train_epoch(model, optimizer, metrics, data['image'], data['label'], order, 3)
+  got, want = nnx.state(model), nnx.state(expected)
+  for (path, a), (_, b) in zip(
+      jax.tree_util.tree_leaves_with_path(got), jax.tree_util.tree_leaves_with_path(want)
+  ):
+    if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+      a, b = jax.random.key_data(a), jax.random.key_data(b)
+    np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5, err_msg=str(path))
+  assert train._compute(metrics) == pytest.approx(
+      train._compute(expected_metrics), rel=1e-5
+  )
 
 
 def test_train_and_evaluate_logs_summarises_and_exports(

@@ -25,11 +25,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.train_split = 'train'  # TFDS split (slices like 'train[:10%]' work).
   config.test_split = 'test'  # TFDS split evaluated after every epoch, whole.
   config.eval_batch_size = 128  # Test images per step; the last batch is padded.
-  config.shuffle_buffer_size = 1024  # tf.data shuffle buffer, as in Flax's.
 
   # Reproducibility and reporting.
   config.seed = 0  # Seeds initialisation, dropout and the data order.
   config.progress_every_secs = 30.0  # Interval of in-epoch progress lines.
+
+  # Speed.
+  # Training steps per jitted call (a lax.scan over batches on the device):
+  # fewer Python dispatches, progress reported between calls. 39 divides the
+  # 468 steps of an epoch, so one compiled call serves them all.
+  config.steps_per_call = 39
 
   # Export.
   config.export_model_name = 'mnist'  # Exports go to <workdir>/export/<name>/.
