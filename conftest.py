@@ -71,8 +71,8 @@ def trained_model(mnist_data_dir):
   config.batch_size = 64
   data, _ = input_pipeline.load(config)
   model = train.create_model(config)
-  optimizer = train.create_optimizer(model, config)
   order = input_pipeline.epoch_order(config.seed, 1, 1024, config.batch_size)
+  optimizer = train.create_optimizer(model, config, len(order))
   train.train_epoch(
       model, optimizer, train.create_metrics(), data['image'], data['label'],
       order, config.steps_per_call,

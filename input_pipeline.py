@@ -83,7 +83,7 @@ def num_examples(builder, split: str) -> int:
   return builder.info.splits[split].num_examples
 
 
-def _normalize(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+def normalize(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
   """uint8 images to float32 in [0, 1]; integer labels as int32."""
   return {
       'image': tf.cast(example['image'], tf.float32) / 255.0,
@@ -98,7 +98,7 @@ def split_arrays(builder, split: str) -> Arrays:
   training loop keeps it whole in device memory and batches it there.
   """
   ds = builder.as_dataset(split=split, shuffle_files=False)
-  ds = ds.map(_normalize, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.map(normalize, num_parallel_calls=tf.data.AUTOTUNE)
   return next(ds.batch(num_examples(builder, split)).as_numpy_iterator())
 
 

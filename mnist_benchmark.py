@@ -3,7 +3,10 @@
 Opt-in, not part of the tests:
 
   python mnist_benchmark.py --workdir=DIR --config=configs/default.py \
-      [--config.num_epochs=2 ...]
+      [--config.num_epochs=2 ...] [--reference]
+
+`--reference` trains with the Flax example's loop instead (`reference_loop.py`),
+the baseline that speed-ups are measured against.
 
 Prints a report, then one JSON object as its last line. Exits non-zero when
 the final test accuracy is outside [0.99, 1.0].
@@ -20,9 +23,11 @@ import time
 from absl import app
 from absl import flags
 import main
+import reference_loop
 import tensorflow as tf
 
 FLAGS = flags.FLAGS
+flags.DEFINE_bool('reference', False, "Train with the Flax example's loop.")
 ACCURACY_RANGE = (0.99, 1.0)
 
 
@@ -65,11 +70,15 @@ def summarize(scalars, wall_time_s: float, peak_rss_mb: float) -> dict:
 
 def run(argv) -> None:
   start = time.perf_counter()
-  main.main(argv)
+  if FLAGS.reference:
+    reference_loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  else:
+    main.main(argv)
   wall_time = time.perf_counter() - start
   peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   result = summarize(read_scalars(FLAGS.workdir), wall_time, peak_rss_mb)
   result['config'] = FLAGS.config.to_dict()
+  result['loop'] = 'reference' if FLAGS.reference else 'ours'
   for key, value in result.items():
     if key != 'config':
       print(f'{key}: {value}')

@@ -26,15 +26,20 @@ def test_summarize_takes_medians_after_the_first_epoch():
   assert result['best_test_accuracy'] == 0.992
 
 
-def test_tiny_run_prints_json_and_fails_on_low_accuracy(mnist_data_dir, tmp_path):
+@pytest.mark.parametrize('loop', ['ours', 'reference'])
+def test_tiny_run_prints_json_and_fails_on_low_accuracy(
+    mnist_data_dir, tmp_path, loop
+):
   result = subprocess.run(
       [sys.executable, os.path.join(ROOT, 'mnist_benchmark.py'),
        f'--workdir={tmp_path}', '--config=configs/default.py',
        '--config.num_epochs=2', f'--config.data_dir={mnist_data_dir}',
-       '--config.train_split=train[:256]', '--config.test_split=test[:100]'],
+       '--config.train_split=train[:256]', '--config.test_split=test[:100]',
+       f'--reference={loop == "reference"}'],
       capture_output=True, text=True, cwd=ROOT, timeout=600,
   )
   report = json.loads(result.stdout.strip().splitlines()[-1])
+  assert report['loop'] == loop
   assert report['epochs'] == 2
   assert report['seconds_per_epoch'] > 0
   assert report['train_images_per_sec'] > 0

@@ -69,7 +69,7 @@ def _reference_steps(config, images, labels, order):
   model = train.create_model(config)
   for conv in (model.conv1, model.conv2):
     conv.conv_general_dilated = jax.lax.conv_general_dilated
-  optimizer = train.create_optimizer(model, config)
+  optimizer = train.create_optimizer(model, config, len(order))
   metrics = train.create_metrics()
   step = nnx.jit(train.train_step)
   model.train()
@@ -86,7 +86,7 @@ def test_fast_steps_match_the_straightforward_loop(small_config):
       config, data['image'], data['label'], order
   )
   model = train.create_model(config)
-  optimizer = train.create_optimizer(model, config)
+  optimizer = train.create_optimizer(model, config, len(order))
   metrics = train.create_metrics()
   # Two dispatches of three scanned steps each.
   train.train_epoch(model, optimizer, metrics, data['image'], data['label'], order, 3)

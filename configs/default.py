@@ -9,7 +9,10 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Optimisation.
   config.learning_rate = 0.1  # SGD learning rate.
-  config.momentum = 0.9  # SGD momentum (heavy ball, not Nesterov).
+  config.momentum = 0.9  # SGD momentum.
+  config.nesterov = False  # Heavy-ball momentum, as the Flax example.
+  # 'constant', or 'one_cycle': warm-up to learning_rate, then cosine decay.
+  config.lr_schedule = 'constant'
   config.batch_size = 128  # Training images per step; the remainder is dropped.
   config.num_epochs = 10  # Passes over the training split.
 
