@@ -7,6 +7,7 @@ import pytest
 
 import export
 import input_pipeline
+import parallel
 import train
 from configs import default
 
@@ -74,8 +75,8 @@ def trained_model(mnist_data_dir):
   order = input_pipeline.epoch_order(config.seed, 1, 1024, config.batch_size)
   optimizer = train.create_optimizer(model, config, len(order))
   train.train_epoch(
-      model, optimizer, train.create_metrics(), data['image'], data['label'],
-      order, config.steps_per_call,
+      model, optimizer, train.create_metrics(), data, order,
+      config.steps_per_call, parallel.create_mesh(),
   )
   model.eval()
   return model

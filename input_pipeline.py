@@ -103,10 +103,14 @@ def split_arrays(builder, split: str) -> Arrays:
 
 
 def load(config: ml_collections.ConfigDict) -> tuple[Arrays, Arrays]:
-  """The training and test splits of `config`, as arrays."""
+  """This process's share of the training split, and the whole test split.
+
+  With several JAX processes (hosts), each reads only its share of the
+  training examples; each evaluates its part of every test batch.
+  """
   builder = get_builder(config)
   return (
-      split_arrays(builder, config.train_split),
+      split_arrays(builder, tfds.split_for_jax_process(config.train_split)),
       split_arrays(builder, config.test_split),
   )
 

@@ -26,6 +26,18 @@ config_flags.DEFINE_config_file(
     lock_config=True,
 )
 flags.mark_flags_as_required(['config', 'workdir'])
+flags.DEFINE_bool(
+    'distributed', False,
+    'Initialise JAX\'s multi-process runtime (jax.distributed) to train over '
+    'several hosts. The three flags below may be left unset where JAX detects '
+    'them (Cloud TPU, SLURM, Open MPI, Kubernetes), and the coordinator '
+    'address may come from $JAX_COORDINATOR_ADDRESS.',
+)
+flags.DEFINE_string(
+    'coordinator_address', None, 'HOST:PORT of process 0\'s coordinator.'
+)
+flags.DEFINE_integer('num_processes', None, 'Number of processes (hosts).')
+flags.DEFINE_integer('process_id', None, 'This process\'s index, from 0.')
 
 
 def main(argv):
@@ -35,6 +47,13 @@ def main(argv):
   # Hide any GPUs from TensorFlow: it would otherwise reserve their memory,
   # which JAX needs.
   tf.config.experimental.set_visible_devices([], 'GPU')
+
+  if FLAGS.distributed:
+    jax.distributed.initialize(
+        coordinator_address=FLAGS.coordinator_address,
+        num_processes=FLAGS.num_processes,
+        process_id=FLAGS.process_id,
+    )
 
   logging.info('JAX process: %d / %d', jax.process_index(), jax.process_count())
   logging.info('JAX local devices: %r', jax.local_devices())

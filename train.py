@@ -12,10 +12,15 @@ from flax import nnx
 import input_pipeline
 import jax
 from jax._src.random import threefry2x32
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
 from jax.interpreters import mlir
 import ml_collections
 import models
+import numpy as np
 import optax
+import parallel
 import tensorflow as tf
 
 
@@ -104,22 +109,24 @@ def eval_step(model, metrics, batch) -> None:
   )
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
-def _train_steps(graphdef, state, images, labels, order):
-  """`train_step` on the batches `images[order[i]]`, in one `lax.scan`.
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=2)
+def _train_steps(graphdef, mesh, state, batches):
+  """`train_step` on each of `batches` (`(steps, batch, ...)`), in a `lax.scan`.
 
-  One call runs many steps: the data is already on the device, and a jitted
-  pure function of the split state costs no per-step Python (`nnx.jit`
-  traverses the object graph on every call).
+  One call runs many steps: a jitted pure function of the split state costs
+  no per-step Python (`nnx.jit` traverses the object graph on every call).
+  The batches are split over `mesh`; the state stays replicated, so XLA
+  all-reduces the gradients.
   """
+  replicated = NamedSharding(mesh, PartitionSpec())
 
-  def step(state, indices):
+  def step(state, batch):
     model, optimizer, metrics = nnx.merge(graphdef, state)
-    batch = {'image': images[indices], 'label': labels[indices]}
     train_step(model, optimizer, metrics, batch)
-    return nnx.state((model, optimizer, metrics)), None
+    state = nnx.state((model, optimizer, metrics))
+    return jax.lax.with_sharding_constraint(state, replicated), None
 
-  return jax.lax.scan(step, state, order)[0]
+  return jax.lax.scan(step, state, batches)[0]
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -135,20 +142,24 @@ def _eval_batches(graphdef, state, batches):
 
 
 def train_epoch(
-    model, optimizer, metrics, images, labels, order, steps_per_call,
+    model, optimizer, metrics, data, order, steps_per_call, mesh,
     on_steps=lambda step: None,
 ) -> None:
-  """Trains on the batches of `order` (`(steps, batch)` indices into the data).
+  """Trains on the batches `data[order[i]]` of this process's share of data.
 
-  `steps_per_call` steps run per dispatch; `on_steps(n)` is called after
-  each dispatch with the number of steps done so far.
+  `order` holds `(steps, batch / process count)` indices into `data`; each
+  process passes its own, and every step trains on the union of their
+  batches. `steps_per_call` steps run per dispatch, their batches gathered
+  on the host (a few MB, while the previous dispatch computes);
+  `on_steps(n)` is called after each dispatch with the steps done so far.
   """
   unroll_threefry_on_cpu()
   model.train()
   graphdef, state = nnx.split((model, optimizer, metrics))
   for start in range(0, len(order), steps_per_call):
     chunk = order[start : start + steps_per_call]
-    state = _train_steps(graphdef, state, images, labels, chunk)
+    batches = parallel.global_batches(mesh, {k: v[chunk] for k, v in data.items()})
+    state = _train_steps(graphdef, mesh, state, batches)
     on_steps(start + len(chunk))
   nnx.update((model, optimizer, metrics), state)
 
@@ -193,17 +204,24 @@ def train_and_evaluate(
     test_accuracy (accuracies as fractions).
   """
   tf.io.gfile.makedirs(workdir)
+  mesh = parallel.create_mesh()
+  parallel.check_batch_size('batch_size', config.batch_size)
+  parallel.check_batch_size('eval_batch_size', config.eval_batch_size)
   train_data, test_data = input_pipeline.load(config)
-  num_train, num_test = len(train_data['label']), len(test_data['label'])
-  steps_per_epoch = num_train // config.batch_size
+  # Every process takes the same number of steps, from its own share.
+  local_batch = config.batch_size // jax.process_count()
+  shares = multihost_utils.process_allgather(np.int64(len(train_data['label'])))
+  steps_per_epoch = int(np.min(shares)) // local_batch
   logging.info(
-      'Training on %d examples of %r (%d steps/epoch), testing on all %d of %r.',
-      num_train, config.train_split, steps_per_epoch, num_test, config.test_split,
+      'Training on %d examples of %r (%d steps/epoch) on %d devices, testing '
+      'on all %d of %r.', int(np.sum(shares)), config.train_split,
+      steps_per_epoch, jax.device_count(), len(test_data['label']),
+      config.test_split,
   )
-  # The data lives on the device; each step gathers its batch there.
-  images, labels = jax.device_put((train_data['image'], train_data['label']))
-  test_batches = jax.device_put(
-      input_pipeline.eval_batches(test_data, config.eval_batch_size)
+  test_batches = parallel.global_batches(
+      mesh, parallel.process_share(
+          input_pipeline.eval_batches(test_data, config.eval_batch_size)
+      ),
   )
   writer = metric_writers.create_default_writer(
       workdir, just_logging=jax.process_index() > 0
@@ -213,6 +231,8 @@ def train_and_evaluate(
   model = create_model(config)
   optimizer = create_optimizer(model, config, config.num_epochs * steps_per_epoch)
   metrics = create_metrics()
+  state = nnx.state((model, optimizer, metrics))
+  nnx.update((model, optimizer, metrics), parallel.replicate(state, mesh))
   report_progress = periodic_actions.ReportProgress(
       num_train_steps=config.num_epochs * steps_per_epoch,
       writer=writer,
@@ -222,10 +242,12 @@ def train_and_evaluate(
   for epoch in range(1, config.num_epochs + 1):
     start = time.perf_counter()
     done = (epoch - 1) * steps_per_epoch
+    order = input_pipeline.epoch_order(
+        config.seed, epoch, len(train_data['label']), local_batch
+    )
     train_epoch(
-        model, optimizer, metrics, images, labels,
-        input_pipeline.epoch_order(config.seed, epoch, num_train, config.batch_size),
-        config.steps_per_call, lambda n: report_progress(done + n),
+        model, optimizer, metrics, train_data, order[:steps_per_epoch],
+        config.steps_per_call, mesh, lambda n: report_progress(done + n),
     )
     summary = {f'train_{k}': v for k, v in _compute(metrics).items()}
     images_per_sec = steps_per_epoch * config.batch_size / (
@@ -237,8 +259,10 @@ def train_and_evaluate(
     writer.write_scalars(epoch, {**summary, 'train_images_per_sec': images_per_sec})
   writer.flush()
 
-  path = export.export_saved_model(
-      model, os.path.join(workdir, 'export', config.export_model_name)
-  )
-  logging.info('Exported the SavedModel to %s', path)
+  if jax.process_index() == 0:
+    nnx.update(model, parallel.local_copy(nnx.state(model)))
+    path = export.export_saved_model(
+        model, os.path.join(workdir, 'export', config.export_model_name)
+    )
+    logging.info('Exported the SavedModel to %s', path)
   return summary

@@ -9,6 +9,7 @@ from flax import nnx
 import input_pipeline
 import jax
 import mnist_benchmark
+import parallel
 import numpy as np
 import pytest
 import train
@@ -89,7 +90,9 @@ def test_fast_steps_match_the_straightforward_loop(small_config):
   optimizer = train.create_optimizer(model, config, len(order))
   metrics = train.create_metrics()
   # Two dispatches of three scanned steps each.
-  train.train_epoch(model, optimizer, metrics, data['image'], data['label'], order, 3)
+  train.train_epoch(
+      model, optimizer, metrics, data, order, 3, parallel.create_mesh()
+  )
   got, want = nnx.state(model), nnx.state(expected)
   for (path, a), (_, b) in zip(
       jax.tree_util.tree_leaves_with_path(got), jax.tree_util.tree_leaves_with_path(want)

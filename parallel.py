@@ -1,0 +1,86 @@
+"""Data parallelism: one mesh axis over every device of every process.
+
+The model and optimizer state are replicated; each batch is split along the
+'data' axis, and XLA inserts the gradient all-reduce (jit with shardings, no
+pmap). Each process holds only its share of the training data and feeds its
+devices' part of every global batch.
+"""
+
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
+
+AXIS = 'data'
+
+
+def create_mesh() -> jax.sharding.Mesh:
+  """A 1-D mesh of all devices, of all processes.
+
+  Its axis is 'Auto': XLA propagates the batch sharding through the model
+  and places the gradient all-reduce itself.
+  """
+  return jax.make_mesh(
+      (jax.device_count(),), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,)
+  )
+
+
+def replicate(tree, mesh: jax.sharding.Mesh):
+  """`tree` (the same on every process) replicated on every device.
+
+  Built from host values: the arrays of a model just created are committed
+  to one local device, which `jax.device_put` cannot spread over processes.
+  """
+  sharding = NamedSharding(mesh, P())
+
+  def put(x):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      return jax.random.wrap_key_data(
+          put(jax.random.key_data(x)), impl=jax.random.key_impl(x)
+      )
+    return jax.make_array_from_process_local_data(sharding, np.asarray(x))
+
+  return jax.tree.map(put, tree)
+
+
+def check_batch_size(name: str, size: int) -> None:
+  """Raises ValueError unless the global `size` splits evenly over devices."""
+  if size % jax.device_count():
+    raise ValueError(
+        f'{name}={size} is not divisible by the {jax.device_count()} devices: '
+        f'use a multiple of {jax.device_count()}'
+    )
+
+
+def global_batches(mesh: jax.sharding.Mesh, local: dict[str, np.ndarray]):
+  """Global arrays `(steps, global batch, ...)` from this process's share.
+
+  `local` holds this process's `(steps, global batch / process count, ...)`
+  part of each batch; the batch axis (1) is split over the mesh's devices.
+  """
+  sharding = NamedSharding(mesh, P(None, AXIS))
+
+  def make(x):
+    shape = (x.shape[0], x.shape[1] * jax.process_count(), *x.shape[2:])
+    return jax.make_array_from_process_local_data(sharding, x, shape)
+
+  return jax.tree.map(make, local)
+
+
+def process_share(tree):
+  """This process's part of the batch axis (1) of arrays every process holds."""
+
+  def share(x):
+    size = x.shape[1] // jax.process_count()
+    return x[:, jax.process_index() * size : (jax.process_index() + 1) * size]
+
+  return jax.tree.map(share, tree)
+
+
+def local_copy(tree):
+  """`tree`'s replicated arrays as this process's own single-device copies.
+
+  What code that needs every value at hand gets (the SavedModel export):
+  arrays spanning several processes are not fully addressable by one.
+  """
+  return jax.tree.map(lambda x: x.addressable_data(0), tree)
