@@ -1,21 +1,54 @@
-"""MNIST input pipeline: TFDS prepares the data, tf.data normalises it.
+"""MNIST input pipeline: every source of the data converges to the same arrays.
 
-TFDS prepares the data set once in its `data_dir`. Offline, it prepares it from
-the four original `*-ubyte.gz` files in a manual directory, checking them
-against the checksums it registers; online, with no manual directory, it
-downloads the same files itself.
+`load(config)` reads the training and test splits of `config.dataset` from
+`config.data_source` and returns each whole, as `Arrays`. Whatever the source,
+the recipe is the same: get the source's uint8 images and integer labels as
+NumPy arrays, then `to_arrays` makes them float32 `(N, 28, 28, 1)` in [0, 1]
+and int32 labels, so the training loop never depends on where the data came
+from.
+
+- `tfds` (default): TFDS prepares the data set once in its `data_dir`.
+  Offline, it prepares it from the four original `*-ubyte.gz` files in a
+  manual directory, checking them against the checksums it registers; online,
+  with no manual directory, it downloads the same files itself.
+- `hf`: Hugging Face `datasets`, from the Hub or offline from a `save_to_disk`
+  directory or parquet files.
+- `torchvision`: `torchvision.datasets.MNIST` (an optional extra: PyTorch).
+- `idx`: the four original files read with NumPy alone.
 """
 
+import glob
+import gzip
 import os
+import re
+import zlib
 
+import jax
 import ml_collections
 import numpy as np
-import tensorflow as tf
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.download import download_manager
 
-# Environment variable naming the manual directory when the config does not.
+# Environment variable naming the manual directory of MNIST when the config
+# does not (it holds MNIST's files: other data sets do not read it).
 MANUAL_DIR_ENV = 'MNIST_MANUAL_DIR'
+
+# The data sets: 28x28 grey images in ten classes, with the same file names.
+DATASETS = ('mnist', 'fashion_mnist')
+
+# The idx source's directory when config.manual_dir names none: Debian's
+# package dataset-fashion-mnist installs Fashion-MNIST's files here.
+DEFAULT_IDX_DIRS = {'fashion_mnist': '/usr/share/datasets/fashion-mnist'}
+
+# The data sets on the Hugging Face Hub, and their torchvision classes.
+HF_NAMES = {'mnist': 'ylecun/mnist', 'fashion_mnist': 'zalando-datasets/fashion_mnist'}
+TORCHVISION_CLASSES = {'mnist': 'MNIST', 'fashion_mnist': 'FashionMNIST'}
+
+# The original files of each split: images, then labels.
+IDX_FILES = {
+    'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
+    'test': ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte'),
+}
 
 # A split or a batch: float32 'image' (N, 28, 28, 1) in [0, 1], int32 'label'.
 Arrays = dict[str, np.ndarray]
@@ -25,26 +58,47 @@ class DataError(Exception):
   """The data set cannot be prepared; the message is one line for the user."""
 
 
+def to_arrays(images, labels) -> Arrays:
+  """uint8 images `(N, 28, 28[, 1])` and integer labels as `Arrays`.
+
+  The last step of every source: pixel k becomes k / 255 in float32, exactly
+  as tf.data's `tf.cast(image, tf.float32) / 255.0` computes it.
+  """
+  images, labels = np.asarray(images), np.asarray(labels)
+  if images.dtype != np.uint8 or images.shape[1:] not in ((28, 28), (28, 28, 1)):
+    raise DataError(
+        f'expected uint8 images of 28x28 pixels, got {images.dtype} {images.shape}'
+    )
+  if len(labels) != len(images):
+    raise DataError(f'{len(images)} images but {len(labels)} labels')
+  return {
+      'image': images.reshape(-1, 28, 28, 1).astype(np.float32) / np.float32(255),
+      'label': labels.astype(np.int32),
+  }
+
+
 def get_builder(config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
   """Returns the TFDS builder of `config.dataset`, prepared if it was not."""
-  try:
-    builder = tfds.builder(config.dataset, data_dir=config.data_dir or None)
-  except tfds.core.registered.DatasetNotFoundError:
-    raise DataError(
-        f'unknown dataset {config.dataset!r}: use a TFDS image classification '
-        "builder of 28x28x1 images, e.g. 'mnist' or 'fashion_mnist'"
-    ) from None
+  builder = tfds.builder(config.dataset, data_dir=config.data_dir or None)
   if not builder.is_prepared():
     _prepare(builder, config)
   return builder
 
 
 def manual_dir(config: ml_collections.ConfigDict, builder) -> tuple[str, bool]:
-  """Returns the manual directory and whether the user named it."""
-  named = config.manual_dir or os.environ.get(MANUAL_DIR_ENV, '')
+  """Returns TFDS' manual directory and whether the user named it."""
+  named = _named_manual_dir(config)
   if named:
-    return os.path.expanduser(named), True
+    return named, True
   return os.path.join(builder.data_dir_root, 'downloads', 'manual'), False
+
+
+def _named_manual_dir(config: ml_collections.ConfigDict) -> str:
+  """config.manual_dir, else $MNIST_MANUAL_DIR for MNIST, else ''."""
+  named = config.manual_dir
+  if not named and config.dataset == 'mnist':
+    named = os.environ.get(MANUAL_DIR_ENV, '')
+  return os.path.expanduser(named)
 
 
 def _prepare(builder, config: ml_collections.ConfigDict) -> None:
@@ -73,8 +127,9 @@ def _prepare(builder, config: ml_collections.ConfigDict) -> None:
     bad = [f for f in expected if f in str(e)] or ['a file']
     raise DataError(
         f'{directory}: {bad[0]} does not match the size and SHA-256 that TFDS '
-        f'registers for {config.dataset}: the file is corrupt or truncated; '
-        'replace it with the original'
+        f'registers for {config.dataset}: the file is corrupt, truncated or '
+        "recompressed; replace it with the original, or read the files with "
+        "data_source='idx', which checks their contents instead"
     ) from None
 
 
@@ -83,36 +138,207 @@ def num_examples(builder, split: str) -> int:
   return builder.info.splits[split].num_examples
 
 
-def normalize(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-  """uint8 images to float32 in [0, 1]; integer labels as int32."""
-  return {
-      'image': tf.cast(example['image'], tf.float32) / 255.0,
-      'label': tf.cast(example['label'], tf.int32),
-  }
+def from_tfds(config: ml_collections.ConfigDict, split: str) -> Arrays:
+  """`split` (any TFDS split or slice) from TFDS, prepared offline if need be.
 
-
-def split_arrays(builder, split: str) -> Arrays:
-  """All examples of `split`, normalised by tf.data, as one pair of arrays.
-
-  MNIST is small (60,000 training images are 188 MB as float32), so the
-  training loop keeps it whole in device memory and batches it there.
+  `batch_size=-1` reads the whole split as one batch of uint8 tensors, which
+  NumPy then normalises: no per-example tf.data map.
   """
-  ds = builder.as_dataset(split=split, shuffle_files=False)
-  ds = ds.map(normalize, num_parallel_calls=tf.data.AUTOTUNE)
-  return next(ds.batch(num_examples(builder, split)).as_numpy_iterator())
+  data = get_builder(config).as_dataset(split=split, batch_size=-1)
+  data = tfds.as_numpy(data)
+  return to_arrays(data['image'], data['label'])
+
+
+def read_idx(path: str, ndim: int) -> np.ndarray:
+  """One IDX file of unsigned bytes (gzipped or not), its header checked.
+
+  IDX: a big-endian magic number 0x0800 + ndim (0x08 for unsigned bytes),
+  ndim big-endian 32-bit sizes, then the bytes, row-major.
+  """
+  try:
+    with (gzip.open if path.endswith('.gz') else open)(path, 'rb') as f:
+      data = f.read()
+  except (OSError, EOFError, zlib.error) as e:
+    raise DataError(f'{path}: cannot be read, truncated or corrupt? ({e})') from None
+  header = 4 + 4 * ndim
+  magic = int.from_bytes(data[:4], 'big')
+  if len(data) < header or magic != 0x800 + ndim:
+    raise DataError(
+        f'{path}: not an IDX file of {ndim}-dimensional unsigned bytes (magic '
+        f'number {magic:#x}, expected {0x800 + ndim:#x})'
+    )
+  shape = tuple(int(n) for n in np.frombuffer(data, '>u4', ndim, 4))
+  if len(data) != header + np.prod(shape):
+    raise DataError(
+        f'{path}: {len(data)} bytes, but its header says {shape}, '
+        f'{header + np.prod(shape)} bytes: the file is truncated or not IDX'
+    )
+  return np.frombuffer(data, np.uint8, offset=header).reshape(shape)
+
+
+def idx_dir(config: ml_collections.ConfigDict) -> str:
+  """The directory of the original files: the manual directory, or a default."""
+  directory = _named_manual_dir(config) or DEFAULT_IDX_DIRS.get(config.dataset)
+  if not directory:
+    raise DataError(
+        f'no directory of the original {config.dataset} files: set '
+        f'config.manual_dir or ${MANUAL_DIR_ENV}'
+    )
+  return directory
+
+
+def from_idx(config: ml_collections.ConfigDict, split: str) -> Arrays:
+  """`split` ('train' or 'test') from the original files, `*-ubyte[.gz]`."""
+  directory = idx_dir(config)
+  arrays = []
+  for name, ndim in zip(IDX_FILES[split], (3, 1)):
+    paths = [os.path.join(directory, name + ext) for ext in ('.gz', '')]
+    path = next((p for p in paths if os.path.isfile(p)), None)
+    if not path:
+      raise DataError(f'{directory}: missing {name}.gz (or {name})')
+    arrays.append(read_idx(path, ndim))
+  return to_arrays(*arrays)
+
+
+def hf_arrays(dataset) -> Arrays:
+  """A Hugging Face `Dataset` of 'image' and 'label' as `Arrays`.
+
+  In NumPy format the whole column is one array read: an `Array2D` image
+  column straight from Arrow, an `Image` column (PNG bytes, as on the Hub)
+  decoded in one call. uint8 asks the formatter not to widen the pixels to
+  int64 first.
+  """
+  data = dataset.with_format('numpy', columns=['image', 'label'], dtype=np.uint8)[:]
+  return to_arrays(data['image'], data['label'])
+
+
+def from_hf(config: ml_collections.ConfigDict, split: str) -> Arrays:
+  """`split` from Hugging Face datasets.
+
+  `config.data_dir` is a `save_to_disk` directory, or a directory of parquet
+  files named `<split>-*.parquet` (as in a copy of the Hub's repository);
+  empty, `load_dataset` reads the Hub (or its cache, offline).
+  """
+  try:
+    import datasets  # pylint: disable=g-import-not-at-top
+    from pyarrow import parquet  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise DataError(
+        "data_source 'hf' needs Hugging Face datasets: pip install datasets "
+        '(pinned in requirements.txt)'
+    ) from None
+  directory = os.path.expanduser(config.data_dir)
+  if not directory:
+    return hf_arrays(datasets.load_dataset(HF_NAMES[config.dataset], split=split))
+  if os.path.isfile(os.path.join(directory, 'dataset_dict.json')):
+    return hf_arrays(datasets.load_from_disk(directory)[split])
+  pattern = os.path.join(directory, '**', f'{split}-*.parquet')
+  files = sorted(glob.glob(pattern, recursive=True))
+  if not files:
+    raise DataError(
+        f'{directory}: neither a save_to_disk directory nor {split}-*.parquet files'
+    )
+  # In memory: no copy of the files in the Hugging Face cache.
+  return hf_arrays(datasets.Dataset(parquet.read_table(files)))
+
+
+def from_torchvision(config: ml_collections.ConfigDict, split: str) -> Arrays:
+  """`split` from torchvision, reading the dataset's `.data` and `.targets`.
+
+  torchvision is optional (it brings PyTorch). `config.data_dir` is its root
+  ('' is ~/torchvision_datasets); torchvision downloads the files into
+  `<root>/MNIST/raw` unless they are there.
+  """
+  try:
+    from torchvision import datasets  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise DataError(
+        "data_source 'torchvision' needs torchvision, which requirements.txt "
+        'leaves out (it brings PyTorch): pip install torchvision'
+    ) from None
+  root = os.path.expanduser(config.data_dir or '~/torchvision_datasets')
+  try:
+    dataset = getattr(datasets, TORCHVISION_CLASSES[config.dataset])(
+        root, train=split == 'train', download=True
+    )
+  except (OSError, RuntimeError) as e:
+    cause = ' '.join(str(e).split())  # One line.
+    raise DataError(
+        f'{root}: torchvision cannot read or download {config.dataset}: {cause}'
+    ) from None
+  return to_arrays(dataset.data.numpy(), dataset.targets.numpy())
+
+
+# data_source: a function (config, split) -> Arrays.
+SOURCES = {
+    'tfds': from_tfds,
+    'hf': from_hf,
+    'torchvision': from_torchvision,
+    'idx': from_idx,
+}
+
+# The splits the non-TFDS sources read: train or test, optionally sliced.
+_SPLIT = re.compile(r'(train|test)(?:\[(-?\d+%?)?:(-?\d+%?)?\])?')
+
+
+def _bound(bound: str | None, n: int) -> int | None:
+  """A slice bound, in examples or in percent of the `n` examples (TFDS')."""
+  if bound and bound.endswith('%'):
+    return round(int(bound[:-1]) * n / 100)
+  return None if bound is None else int(bound)
+
+
+def split_arrays(config: ml_collections.ConfigDict, split: str) -> Arrays:
+  """`split` of `config.dataset` from `config.data_source`.
+
+  TFDS reads any TFDS split. The other sources read 'train' or 'test', or a
+  slice of one in TFDS' syntax with one range, like 'train[:10%]' or
+  'test[-500:]'; they read the whole split, then slice it.
+  """
+  if config.data_source == 'tfds':
+    return from_tfds(config, split)
+  match = _SPLIT.fullmatch(split)
+  if not match:
+    raise DataError(
+        f"split {split!r}: data_source {config.data_source!r} reads 'train' or "
+        "'test', optionally sliced like 'train[:10%]' or 'test[100:600]'"
+    )
+  name, start, stop = match.groups()
+  arrays = SOURCES[config.data_source](config, name)
+  n = len(arrays['label'])
+  # A copy, so that a small slice does not keep the whole split in memory.
+  part = slice(_bound(start, n), _bound(stop, n))
+  return {k: v[part].copy() for k, v in arrays.items()}
 
 
 def load(config: ml_collections.ConfigDict) -> tuple[Arrays, Arrays]:
   """This process's share of the training split, and the whole test split.
 
-  With several JAX processes (hosts), each reads only its share of the
-  training examples; each evaluates its part of every test batch.
+  With several JAX processes (hosts), each trains on its own share of the
+  training examples (TFDS reads only that share), and evaluates its part of
+  every test batch.
   """
-  builder = get_builder(config)
-  return (
-      split_arrays(builder, tfds.split_for_jax_process(config.train_split)),
-      split_arrays(builder, config.test_split),
-  )
+  if config.data_source not in SOURCES:
+    raise DataError(
+        f'unknown data_source {config.data_source!r}: '
+        f'use one of {", ".join(SOURCES)}'
+    )
+  if config.dataset not in DATASETS:
+    raise DataError(
+        f'unknown dataset {config.dataset!r}: use one of {", ".join(DATASETS)}'
+    )
+  if config.data_source == 'tfds':
+    train = from_tfds(config, tfds.split_for_jax_process(config.train_split))
+  else:
+    train = _process_share(split_arrays(config, config.train_split))
+  return train, split_arrays(config, config.test_split)
+
+
+def _process_share(arrays: Arrays) -> Arrays:
+  """This JAX process's contiguous share of `arrays`, as TFDS would split it."""
+  share = len(arrays['label']) // jax.process_count()
+  start = jax.process_index() * share
+  return {k: v[start : start + share] for k, v in arrays.items()}
 
 
 def epoch_seed(seed: int, epoch: int) -> int:

@@ -19,10 +19,18 @@ import tensorflow as tf
 import train
 
 
+def _normalize(example):
+  """uint8 images to float32 in [0, 1]; integer labels as int32."""
+  return {
+      'image': tf.cast(example['image'], tf.float32) / 255.0,
+      'label': tf.cast(example['label'], tf.int32),
+  }
+
+
 def _train_batches(builder, config, epoch):
   """tf.data batches as the example makes them: cached, shuffled, batched."""
   ds = builder.as_dataset(split=config.train_split, shuffle_files=False)
-  ds = ds.map(input_pipeline.normalize, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.map(_normalize, num_parallel_calls=tf.data.AUTOTUNE)
   ds = ds.cache().shuffle(1024, seed=input_pipeline.epoch_seed(config.seed, epoch))
   ds = ds.batch(config.batch_size, drop_remainder=True)
   return ds.prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
@@ -39,7 +47,7 @@ def create_model(config: ml_collections.ConfigDict):
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """`train.train_and_evaluate`'s summaries, from the example's loop."""
   builder = input_pipeline.get_builder(config)
-  test = input_pipeline.split_arrays(builder, config.test_split)
+  test = input_pipeline.from_tfds(config, config.test_split)
   test_batches = input_pipeline.eval_batches(test, config.eval_batch_size)
   writer = metric_writers.create_default_writer(workdir)
   model = create_model(config)

@@ -20,13 +20,27 @@ def get_config() -> ml_collections.ConfigDict:
   config.dropout_rate = 0.025  # Dropout after the first conv and first linear.
 
   # Data.
-  config.dataset = 'mnist'  # TFDS builder name.
-  config.data_dir = ''  # TFDS data_dir; '' uses TFDS' default (TFDS_DATA_DIR).
-  # Directory holding the original *-ubyte.gz files for offline preparation;
-  # '' uses $MNIST_MANUAL_DIR, else <data_dir>/downloads/manual.
+  # Where the data comes from: 'tfds' (TensorFlow Datasets), 'hf' (Hugging
+  # Face datasets), 'torchvision' (needs PyTorch, not in requirements.txt) or
+  # 'idx' (the four original files, read with NumPy). Same arrays from each.
+  config.data_source = 'tfds'
+  config.dataset = 'mnist'  # 'mnist' or 'fashion_mnist'.
+  # The source's own directory: tfds: its data_dir ('' uses TFDS' default,
+  # $TFDS_DATA_DIR or ~/tensorflow_datasets); hf: a save_to_disk directory or
+  # a directory of <split>-*.parquet files ('' loads from the Hub or its
+  # cache); torchvision: its root ('' is ~/torchvision_datasets); idx: unused.
+  config.data_dir = ''
+  # Directory holding the original *-ubyte.gz files, for TFDS' offline
+  # preparation and for the idx source. '' uses $MNIST_MANUAL_DIR for MNIST;
+  # failing that, tfds uses <data_dir>/downloads/manual, and idx reads
+  # fashion_mnist from /usr/share/datasets/fashion-mnist (Debian's package
+  # dataset-fashion-mnist).
   config.manual_dir = ''
-  config.train_split = 'train'  # TFDS split (slices like 'train[:10%]' work).
-  config.test_split = 'test'  # TFDS split evaluated after every epoch, whole.
+  # Splits. tfds: any TFDS split ('train[:10%]', 'train[:50%]+test'); the
+  # other sources: 'train' or 'test', optionally with one slice in TFDS'
+  # syntax: 'train[:10%]', 'train[:1024]', 'test[-500:]'.
+  config.train_split = 'train'
+  config.test_split = 'test'  # Evaluated after every epoch, whole.
   config.eval_batch_size = 128  # Test images per step; the last batch is padded.
 
   # Reproducibility and reporting.
