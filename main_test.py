@@ -336,7 +336,7 @@ def _summary_counts(workdir) -> collections.Counter:
 def _assert_resumes_to(workdir, config, expected) -> None:
   result = _main(f'--workdir={workdir}', *_flags(config))
   assert result.returncode == 0, result.stderr[-3000:]
-  assert 'Resuming from the checkpoint of step ' in result.stderr
+  assert 'Resuming from the checkpoint (step ' in result.stderr
   scalars = mnist_benchmark.read_scalars(workdir)
   assert {tag: scalars[tag][3][0] for tag in TAGS} == {
       tag: expected[tag] for tag in TAGS
@@ -364,7 +364,7 @@ def test_sigterm_saves_where_it_is_and_exits_cleanly(
   (step,) = [s for s in checkpoints.manager(workdir).all_steps() if s > 64]
   assert 64 < step < 128 and step % 8 == 0  # In epoch 2, between dispatches.
   assert (
-      f'SIGTERM: stopped at step {step}, in epoch 2, with a checkpoint in '
+      f'SIGTERM: stopped (step {step}, in epoch 2) with a checkpoint in '
       f'{os.path.join(workdir, "checkpoints")}: rerun the same command to resume'
   ) in stderr
   _assert_resumes_to(workdir, config, uninterrupted)

@@ -415,7 +415,7 @@ def train_and_evaluate(
     )
     step, summary = meta['step'], meta['summary']
     logging.info(
-        'Resuming from the checkpoint of %s in %s.',
+        'Resuming from the checkpoint (%s) in %s.',
         _position(step, steps_per_epoch), saved.directory,
     )
   writer = _summary_writer(workdir, config)
@@ -430,6 +430,12 @@ def train_and_evaluate(
         'step': step, 'epoch': epoch, 'steps_per_epoch': steps_per_epoch,
         'config': config.to_dict(), 'summary': summary,
     })
+
+  def stopped() -> Stopped:
+    return Stopped(
+        f'stopped ({_position(step, steps_per_epoch)}) with a checkpoint in '
+        f'{saved.directory}: rerun the same command to resume'
+    )
 
   for epoch in range(step // steps_per_epoch + 1, config.num_epochs + 1):
     start, first = time.perf_counter(), step
@@ -448,10 +454,7 @@ def train_and_evaluate(
       ) from None
     if step < epoch * steps_per_epoch:
       save(epoch - 1)
-      raise Stopped(
-          f'stopped at {_position(step, steps_per_epoch)}, with a '
-          f'checkpoint in {saved.directory}: rerun the same command to resume'
-      )
+      raise stopped()
     summary = {f'train_{k}': v for k, v in _compute(metrics).items()}
     images_per_sec = (step - first) * config.batch_size / (
         time.perf_counter() - start
@@ -467,10 +470,7 @@ def train_and_evaluate(
     if last or stopping or epoch % config.checkpoint_every_epochs == 0:
       save(epoch)
     if stopping and not last:
-      raise Stopped(
-          f'stopped after epoch {epoch} with a checkpoint in '
-          f'{saved.directory}: rerun the same command to resume'
-      )
+      raise stopped()
 
   path = export.export_saved_model(
       model, os.path.join(workdir, 'export', config.export_model_name)
@@ -499,7 +499,7 @@ def export_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> str:
       model, os.path.join(workdir, 'export', config.export_model_name)
   )
   logging.info(
-      'Exported the model of the checkpoint of %s in %s to %s',
+      'Exported the model of the checkpoint (%s) in %s to %s',
       _position(meta['step'], meta['steps_per_epoch']), saved.directory, path,
   )
   return path

@@ -154,7 +154,17 @@ def test_checkpoints_every_few_epochs_and_a_finished_run_only_exports(
   messages = [r.getMessage() for r in caplog.records]
   assert not [m for m in messages if m.startswith('epoch:')]
   assert (
-      'Resuming from the checkpoint of step 48, end of epoch 3 in '
+      'Resuming from the checkpoint (step 48, end of epoch 3) in '
       f'{os.path.join(workdir, "checkpoints")}.'
   ) in messages
   assert sorted(os.listdir(os.path.join(workdir, 'export', 'mnist'))) == ['1', '2']
+
+  config.num_epochs = 2
+  directory = os.path.join(workdir, 'checkpoints')
+  with pytest.raises(train.TrainingError) as error:
+    train.train_and_evaluate(config, workdir)
+  assert str(error.value) == (
+      f'{directory} holds a checkpoint (step 48, end of epoch 3) past '
+      'config.num_epochs=2: raise num_epochs, or to start afresh, use a new '
+      f'--workdir or move {directory} away'
+  )
