@@ -1,10 +1,16 @@
 """Command line of the MNIST example: flags, then `train.train_and_evaluate`.
 
 Kept short on purpose: the logic lives in libraries that can be imported
-and tested on their own.
+and tested on their own. Mistakes (config, workdir, data, a diverging loss)
+end the run with one line, `error: ...`, and exit status 1; `--verbosity=1`
+shows the traceback too. SIGTERM stops training at the next dispatch of
+steps, saves a checkpoint there and exits with 143 (128 + SIGTERM), the
+status of a preempted job; the same command resumes it.
 """
 
+import signal
 import sys
+import threading
 
 from absl import app
 from absl import flags
@@ -18,12 +24,17 @@ import train
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_string('workdir', None, 'Directory for summaries and exports.')
+flags.DEFINE_string('workdir', None, 'Directory for summaries, checkpoints and exports.')
 config_flags.DEFINE_config_file(
     'config',
     None,
     'File path to the training hyperparameter configuration.',
     lock_config=True,
+)
+flags.DEFINE_enum(
+    'mode', 'train', ['train', 'export'],
+    'train: train (resuming from the workdir\'s latest checkpoint), then '
+    'export; export: export the latest checkpoint, without training.',
 )
 flags.mark_flags_as_required(['config', 'workdir'])
 flags.DEFINE_bool(
@@ -38,6 +49,31 @@ flags.DEFINE_string(
 )
 flags.DEFINE_integer('num_processes', None, 'Number of processes (hosts).')
 flags.DEFINE_integer('process_id', None, 'This process\'s index, from 0.')
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing; a config field that does not exist is one line.
+
+  config_flags reports it as an AttributeError whose text suggests the field
+  meant; absl would print it with a traceback.
+  """
+  try:
+    return app.parse_flags_with_usage(argv)
+  except AttributeError as e:
+    if FLAGS['verbosity'].value >= 1:
+      raise
+    # The KeyError inside holds "'field'\nDid you mean ...?".
+    cause = e.args[0].args[0] if isinstance(e.args[0], KeyError) else str(e)
+    field, _, hint = str(cause).partition('\n')
+    hint = hint[:1].lower() + hint[1:] or 'see the config file for its fields'
+    sys.exit(f'error: the config has no field {field}; {hint}')
+
+
+def stop_on_sigterm() -> threading.Event:
+  """An event that SIGTERM sets: the training loop polls it between dispatches."""
+  stop = threading.Event()
+  signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+  return stop
 
 
 def main(argv):
@@ -66,11 +102,20 @@ def main(argv):
       platform.ArtifactType.DIRECTORY, FLAGS.workdir, 'workdir'
   )
 
+  stop = stop_on_sigterm()
   try:
-    train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except input_pipeline.DataError as e:
+    if FLAGS.mode == 'export':
+      train.export_checkpoint(FLAGS.config, FLAGS.workdir)
+    else:
+      train.train_and_evaluate(FLAGS.config, FLAGS.workdir, stop.is_set)
+  except train.Stopped as e:
+    logging.warning('SIGTERM: %s', e)
+    sys.exit(128 + signal.SIGTERM)
+  except (input_pipeline.DataError, train.TrainingError) as e:
+    if FLAGS.verbosity >= 1:
+      raise
     sys.exit(f'error: {e}')
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -43,15 +43,6 @@ def replicate(tree, mesh: jax.sharding.Mesh):
   return jax.tree.map(put, tree)
 
 
-def check_batch_size(name: str, size: int) -> None:
-  """Raises ValueError unless the global `size` splits evenly over devices."""
-  if size % jax.device_count():
-    raise ValueError(
-        f'{name}={size} is not divisible by the {jax.device_count()} devices: '
-        f'use a multiple of {jax.device_count()}'
-    )
-
-
 def global_batches(mesh: jax.sharding.Mesh, local: dict[str, np.ndarray]):
   """Global arrays `(steps, global batch, ...)` from this process's share.
 

@@ -83,7 +83,7 @@ def test_batch_size_must_divide_over_the_devices(mnist_data_dir, tmp_path):
   )
   result = _run(script, mnist_data_dir, str(tmp_path / 'w'), devices=4)
   assert result.returncode != 0
-  assert 'batch_size=30 is not divisible by the 4 devices: use a multiple of 4' in result.stderr
+  assert 'config.batch_size=30 is not divisible by the 4 devices: use a multiple of 4' in result.stderr
 
 
 # One of two processes: trains 4 steps of 128 (64 from each process's half of

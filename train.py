@@ -1,10 +1,12 @@
 """Trains and evaluates the MNIST CNN; a library, free of side effects on import."""
 
 import functools
+import math
 import os
 import time
 
 from absl import logging
+import checkpoints
 from clu import metric_writers
 from clu import periodic_actions
 import export
@@ -22,6 +24,52 @@ import numpy as np
 import optax
 import parallel
 import tensorflow as tf
+
+
+class TrainingError(Exception):
+  """The run cannot start or go on; the message is one line for the user."""
+
+
+class Stopped(Exception):
+  """The run stopped when asked to, after saving a checkpoint to resume from."""
+
+
+class NonFiniteLoss(Exception):
+  """Step `step` (counted from 0 in the order trained) had a NaN or infinite loss."""
+
+  def __init__(self, step: int, loss: float):
+    super().__init__(f'loss {loss} at step {step}')
+    self.step, self.loss = step, loss
+
+
+_POSITIVE_INT = (lambda v: v > 0, 'an integer > 0')
+_FRACTION = (lambda v: 0 <= v < 1, 'a number in [0, 1)')
+# The fields with a constraint: (whether a value is allowed, what is).
+_ALLOWED = {
+    'learning_rate': (lambda v: 0 < v < math.inf, 'a number > 0'),
+    'momentum': _FRACTION,
+    'batch_size': _POSITIVE_INT,
+    'num_epochs': _POSITIVE_INT,
+    'dropout_rate': _FRACTION,
+    'eval_batch_size': _POSITIVE_INT,
+    'progress_every_secs': (lambda v: v > 0, 'a number of seconds > 0'),
+    'steps_per_call': _POSITIVE_INT,
+    'checkpoint_every_epochs': _POSITIVE_INT,
+    'checkpoints_to_keep': _POSITIVE_INT,
+}
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Raises TrainingError naming the first field whose value is not allowed.
+
+  Called before anything is read or written, so that a mistyped value costs
+  nothing. (The locked config already rejects unknown fields and wrong types.)
+  """
+  for field, (allowed, description) in _ALLOWED.items():
+    if not allowed(config[field]):
+      raise TrainingError(
+          f'config.{field}={config[field]!r} is not allowed: use {description}'
+      )
 
 
 def unroll_threefry_on_cpu() -> None:
@@ -93,12 +141,16 @@ def loss_fn(model: models.CNN, batch):
   return losses.mean(), (losses, logits)
 
 
-def train_step(model, optimizer, metrics, batch) -> None:
-  """One SGD step on `batch`; accumulates its loss and accuracy in `metrics`."""
+def train_step(model, optimizer, metrics, batch) -> jax.Array:
+  """One SGD step on `batch`; accumulates its loss and accuracy in `metrics`.
+
+  Returns the batch's mean loss, before the step.
+  """
   grad_fn = nnx.value_and_grad(loss_fn, has_aux=True)
-  (_, (losses, logits)), grads = grad_fn(model, batch)
+  (loss, (losses, logits)), grads = grad_fn(model, batch)
   optimizer.update(model, grads)
   metrics.update(loss=losses, logits=logits, labels=batch['label'])
+  return loss
 
 
 def eval_step(model, metrics, batch) -> None:
@@ -116,17 +168,17 @@ def _train_steps(graphdef, mesh, state, batches):
   One call runs many steps: a jitted pure function of the split state costs
   no per-step Python (`nnx.jit` traverses the object graph on every call).
   The batches are split over `mesh`; the state stays replicated, so XLA
-  all-reduces the gradients.
+  all-reduces the gradients. Returns the new state and the steps' losses.
   """
   replicated = NamedSharding(mesh, PartitionSpec())
 
   def step(state, batch):
     model, optimizer, metrics = nnx.merge(graphdef, state)
-    train_step(model, optimizer, metrics, batch)
+    loss = train_step(model, optimizer, metrics, batch)
     state = nnx.state((model, optimizer, metrics))
-    return jax.lax.with_sharding_constraint(state, replicated), None
+    return jax.lax.with_sharding_constraint(state, replicated), loss
 
-  return jax.lax.scan(step, state, batches)[0]
+  return jax.lax.scan(step, state, batches)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -143,25 +195,46 @@ def _eval_batches(graphdef, state, batches):
 
 def train_epoch(
     model, optimizer, metrics, data, order, steps_per_call, mesh,
-    on_steps=lambda step: None,
-) -> None:
+    on_steps=lambda step: None, stop=lambda: False,
+) -> int:
   """Trains on the batches `data[order[i]]` of this process's share of data.
 
   `order` holds `(steps, batch / process count)` indices into `data`; each
   process passes its own, and every step trains on the union of their
   batches. `steps_per_call` steps run per dispatch, their batches gathered
-  on the host (a few MB, while the previous dispatch computes);
-  `on_steps(n)` is called after each dispatch with the steps done so far.
+  on the host; `on_steps(n)` is called after each dispatch with the number
+  of steps done so far. After each dispatch, its losses are checked (a NaN
+  would otherwise spread silently through the rest of the run) and `stop()`
+  is asked whether to stop there.
+
+  Returns:
+    The number of steps done: `len(order)`, or fewer if `stop()` was true.
+
+  Raises:
+    NonFiniteLoss: for the first step whose loss was NaN or infinite; the
+      objects then hold the state after its dispatch.
   """
   unroll_threefry_on_cpu()
   model.train()
   graphdef, state = nnx.split((model, optimizer, metrics))
-  for start in range(0, len(order), steps_per_call):
-    chunk = order[start : start + steps_per_call]
-    batches = parallel.global_batches(mesh, {k: v[chunk] for k, v in data.items()})
-    state = _train_steps(graphdef, mesh, state, batches)
-    on_steps(start + len(chunk))
-  nnx.update((model, optimizer, metrics), state)
+  done = 0
+  try:
+    while done < len(order):
+      chunk = order[done : done + steps_per_call]
+      batches = parallel.global_batches(
+          mesh, {k: v[chunk] for k, v in data.items()}
+      )
+      state, losses = _train_steps(graphdef, mesh, state, batches)
+      bad = np.flatnonzero(~np.isfinite(losses))
+      if bad.size:
+        raise NonFiniteLoss(done + int(bad[0]), float(losses[bad[0]]))
+      done += len(chunk)
+      on_steps(done)
+      if stop():
+        break
+  finally:
+    nnx.update((model, optimizer, metrics), state)
+  return done
 
 
 def evaluate(model, metrics, batches) -> dict[str, float]:
@@ -191,30 +264,175 @@ def format_epoch(epoch: int, summary: dict[str, float]) -> str:
   )
 
 
+def _prepare_workdir(workdir: str) -> None:
+  """Creates `workdir` if need be and checks that files can be written in it."""
+  probe = os.path.join(workdir, f'.write_test.{os.getpid()}')
+  try:
+    tf.io.gfile.makedirs(workdir)
+    with tf.io.gfile.GFile(probe, 'w') as f:
+      f.write('')
+    tf.io.gfile.remove(probe)
+  except tf.errors.OpError as e:
+    raise TrainingError(
+        f'cannot create or write the workdir {workdir} ({e.message}): '
+        'choose a --workdir that can be created and written'
+    ) from None
+
+
+def _latest_checkpoint(config, workdir: str, training: bool = True):
+  """The checkpoints of `workdir` and the JSON of the latest, which `config` fits.
+
+  Returns:
+    The checkpoint manager, and the latest checkpoint's JSON item (None if
+    there is no checkpoint).
+
+  Raises:
+    TrainingError: the checkpoint is of a config that differs in a field
+      that matters, or (`training`) is past `config.num_epochs`.
+  """
+  saved = checkpoints.manager(workdir, config.checkpoints_to_keep)
+  meta = checkpoints.latest_meta(saved)
+  if meta is None:
+    return saved, None
+  position = _position(meta['step'], meta['steps_per_epoch'])
+  start_afresh = f'use a new --workdir or move {saved.directory} away'
+  differences = checkpoints.config_differences(meta['config'], config)
+  if differences:
+    raise TrainingError(
+        f'{saved.directory} holds a checkpoint ({position}) of another config: '
+        f'{"; ".join(differences)}; to start afresh, {start_afresh}'
+    )
+  if training and meta['step'] > config.num_epochs * meta['steps_per_epoch']:
+    raise TrainingError(
+        f'{saved.directory} holds a checkpoint ({position}) past '
+        f'config.num_epochs={config.num_epochs}: raise num_epochs, or to start '
+        f'afresh, {start_afresh}'
+    )
+  return saved, meta
+
+
+def _position(step: int, steps_per_epoch: int) -> str:
+  """Global `step` for the user: 'step 32, end of epoch 2', 'step 37, in epoch 3'."""
+  epoch, step_in_epoch = divmod(step, steps_per_epoch)
+  if not step_in_epoch:
+    return f'step {step}, end of epoch {epoch}'
+  return f'step {step}, in epoch {epoch + 1}'
+
+
+def _check_num_train(config: ml_collections.ConfigDict, num_train: int) -> int:
+  """`num_train`, the size of the training split, checked against the batch."""
+  if config.batch_size > num_train:
+    raise TrainingError(
+        f'config.batch_size={config.batch_size} is larger than the {num_train} '
+        f'examples of config.train_split={config.train_split!r}: use at most '
+        f'{num_train}'
+    )
+  return num_train
+
+
+def _last_summary_steps(workdir: str) -> dict[str, int]:
+  """tag -> the last step of it that the event files in `workdir` hold."""
+  last = {}
+  for path in tf.io.gfile.glob(os.path.join(workdir, 'events.out.tfevents.*')):
+    try:
+      for event in tf.compat.v1.train.summary_iterator(path):
+        for value in event.summary.value:
+          last[value.tag] = max(event.step, last.get(value.tag, 0))
+    except tf.errors.DataLossError:  # The unfinished record of a killed run.
+      pass
+  return last
+
+
+class _NewStepsWriter:
+  """A metric writer that writes each tag's scalars only past a given step.
+
+  A resumed run repeats the steps after its checkpoint. Those that the
+  interrupted run summarised already (the same values: they are
+  deterministic) are not summarised twice.
+  """
+
+  def __init__(self, writer, last_steps: dict[str, int]):
+    self._writer, self._last = writer, last_steps
+
+  def write_scalars(self, step: int, scalars: dict) -> None:
+    new = {k: v for k, v in scalars.items() if step > self._last.get(k, 0)}
+    if new:
+      self._writer.write_scalars(step, new)
+
+  def flush(self) -> None:
+    self._writer.flush()
+
+
+def _summary_writer(workdir: str, config) -> _NewStepsWriter:
+  """The writer of `workdir`'s summaries; the hyperparameters on a fresh start."""
+  last_steps = _last_summary_steps(workdir)
+  writer = metric_writers.create_default_writer(
+      workdir, just_logging=jax.process_index() > 0
+  )
+  if not last_steps:
+    writer.write_hparams(config.to_dict())
+  return _NewStepsWriter(writer, last_steps)
+
+
+def _diverged(
+    error: NonFiniteLoss, step: int, steps_per_epoch: int, latest, config
+) -> str:
+  """The message for a loss that became NaN or infinite at global `step`."""
+  kept = (
+      'no checkpoint was saved before it' if latest is None else
+      f'the last good checkpoint ({_position(latest, steps_per_epoch)}) is kept'
+  )
+  epoch = (step - 1) // steps_per_epoch + 1
+  return (
+      f'loss became {error.loss} at step {step} (epoch {epoch}); {kept}; try a '
+      'lower learning rate, e.g. '
+      f'--config.learning_rate={config.learning_rate / 10:g}'
+  )
+
+
 def train_and_evaluate(
-    config: ml_collections.ConfigDict, workdir: str
+    config: ml_collections.ConfigDict, workdir: str, stop=lambda: False
 ) -> dict[str, float]:
   """Trains for `config.num_epochs`, evaluating after each, then exports.
 
-  Summaries go to `workdir`, the SavedModel to
-  `workdir/export/<config.export_model_name>/<version>/`.
+  Summaries go to `workdir`, checkpoints to `workdir/checkpoints` (every
+  `config.checkpoint_every_epochs` epochs and after the last), the SavedModel
+  to `workdir/export/<config.export_model_name>/<version>/`. A run on a
+  workdir with a checkpoint resumes from the latest one, and ends as the
+  uninterrupted run would have. Every check that can fail (config, workdir,
+  checkpoint, data) runs before training starts.
+
+  `stop()` is asked after each dispatch of training steps: once it is true,
+  the run saves a checkpoint there and raises `Stopped`.
 
   Returns:
     The last epoch's summary: train_loss, train_accuracy, test_loss and
     test_accuracy (accuracies as fractions).
+
+  Raises:
+    TrainingError: a bad config or workdir, or a loss that became NaN.
+    input_pipeline.DataError: the data cannot be prepared.
+    Stopped: `stop()` was true.
   """
-  tf.io.gfile.makedirs(workdir)
+  validate_config(config)
+  _prepare_workdir(workdir)
+  saved, meta = _latest_checkpoint(config, workdir)
+  for field in ('batch_size', 'eval_batch_size'):
+    if config[field] % jax.device_count():
+      raise TrainingError(
+          f'config.{field}={config[field]} is not divisible by the '
+          f'{jax.device_count()} devices: use a multiple of {jax.device_count()}'
+      )
   mesh = parallel.create_mesh()
-  parallel.check_batch_size('batch_size', config.batch_size)
-  parallel.check_batch_size('eval_batch_size', config.eval_batch_size)
   train_data, test_data = input_pipeline.load(config)
   # Every process takes the same number of steps, from its own share.
   local_batch = config.batch_size // jax.process_count()
   shares = multihost_utils.process_allgather(np.int64(len(train_data['label'])))
+  num_train = _check_num_train(config, int(np.sum(shares)))
   steps_per_epoch = int(np.min(shares)) // local_batch
   logging.info(
       'Training on %d examples of %r (%d steps/epoch) on %d devices, testing '
-      'on all %d of %r.', int(np.sum(shares)), config.train_split,
+      'on all %d of %r.', num_train, config.train_split,
       steps_per_epoch, jax.device_count(), len(test_data['label']),
       config.test_split,
   )
@@ -223,41 +441,78 @@ def train_and_evaluate(
           input_pipeline.eval_batches(test_data, config.eval_batch_size)
       ),
   )
-  writer = metric_writers.create_default_writer(
-      workdir, just_logging=jax.process_index() > 0
-  )
-  writer.write_hparams(config.to_dict())
 
   model = create_model(config)
   optimizer = create_optimizer(model, config, config.num_epochs * steps_per_epoch)
   metrics = create_metrics()
-  state = nnx.state((model, optimizer, metrics))
-  nnx.update((model, optimizer, metrics), parallel.replicate(state, mesh))
+  step, summary = 0, None
+  if meta:
+    checkpoints.restore(
+        saved, meta['step'], model=model, optimizer=optimizer, metrics=metrics
+    )
+    step, summary = meta['step'], meta['summary']
+    logging.info(
+        'Resuming from the checkpoint (%s) in %s.',
+        _position(step, steps_per_epoch), saved.directory,
+    )
+  objects = (model, optimizer, metrics)
+  nnx.update(objects, parallel.replicate(nnx.state(objects), mesh))
+  writer = _summary_writer(workdir, config)
   report_progress = periodic_actions.ReportProgress(
       num_train_steps=config.num_epochs * steps_per_epoch,
       writer=writer,
       every_secs=config.progress_every_secs,
   )
 
-  for epoch in range(1, config.num_epochs + 1):
-    start = time.perf_counter()
-    done = (epoch - 1) * steps_per_epoch
+  def save(epoch: int) -> None:
+    checkpoints.save(saved, step, model, optimizer, metrics, {
+        'step': step, 'epoch': epoch, 'steps_per_epoch': steps_per_epoch,
+        'config': config.to_dict(), 'summary': summary,
+    })
+
+  def stopped() -> Stopped:
+    return Stopped(
+        f'stopped ({_position(step, steps_per_epoch)}) with a checkpoint in '
+        f'{saved.directory}: rerun the same command to resume'
+    )
+
+  for epoch in range(step // steps_per_epoch + 1, config.num_epochs + 1):
+    start, first = time.perf_counter(), step
     order = input_pipeline.epoch_order(
         config.seed, epoch, len(train_data['label']), local_batch
-    )
-    train_epoch(
-        model, optimizer, metrics, train_data, order[:steps_per_epoch],
-        config.steps_per_call, mesh, lambda n: report_progress(done + n),
-    )
+    )[:steps_per_epoch]
+    begin = (epoch - 1) * steps_per_epoch
+    try:
+      step += train_epoch(
+          model, optimizer, metrics, train_data, order[step - begin :],
+          config.steps_per_call, mesh, lambda n: report_progress(first + n),
+          stop,
+      )
+    except NonFiniteLoss as e:
+      raise TrainingError(
+          _diverged(
+              e, first + e.step + 1, steps_per_epoch, saved.latest_step(), config
+          )
+      ) from None
+    if step < epoch * steps_per_epoch:
+      save(epoch - 1)
+      raise stopped()
     summary = {f'train_{k}': v for k, v in _compute(metrics).items()}
-    images_per_sec = steps_per_epoch * config.batch_size / (
+    images_per_sec = (step - first) * config.batch_size / (
         time.perf_counter() - start
     )
     test = evaluate(model, metrics, test_batches)
     summary.update({f'test_{k}': v for k, v in test.items()})
     logging.info('%s', format_epoch(epoch, summary))
+    # Summaries before the checkpoint: a run killed between the two repeats
+    # the epoch, and `_NewStepsWriter` leaves out what is already written.
     writer.write_scalars(epoch, {**summary, 'train_images_per_sec': images_per_sec})
-  writer.flush()
+    writer.flush()
+    last, stopping = epoch == config.num_epochs, stop()
+    if last or stopping or epoch % config.checkpoint_every_epochs == 0:
+      save(epoch)
+    if stopping and not last:
+      raise stopped()
 
   if jax.process_index() == 0:
     nnx.update(model, parallel.local_copy(nnx.state(model)))
@@ -266,3 +521,29 @@ def train_and_evaluate(
     )
     logging.info('Exported the SavedModel to %s', path)
   return summary
+
+
+def export_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """Exports the model of the latest checkpoint in `workdir`, without training.
+
+  Returns:
+    The version directory written, under
+    `workdir/export/<config.export_model_name>/`.
+  """
+  validate_config(config)
+  saved, meta = _latest_checkpoint(config, workdir, training=False)
+  if meta is None:
+    raise TrainingError(
+        f'no checkpoint in {saved.directory}: train first, with the same '
+        '--workdir and --config'
+    )
+  model = create_model(config)
+  checkpoints.restore(saved, meta['step'], model=model)
+  path = export.export_saved_model(
+      model, os.path.join(workdir, 'export', config.export_model_name)
+  )
+  logging.info(
+      'Exported the model of the checkpoint (%s) in %s to %s',
+      _position(meta['step'], meta['steps_per_epoch']), saved.directory, path,
+  )
+  return path

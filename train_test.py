@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import checkpoints
 from flax import nnx
 import input_pipeline
 import jax
@@ -139,3 +140,34 @@ def test_runs_with_the_same_config_give_the_same_metrics(small_config, tmp_path)
   assert first == second
   small_config.seed = 1
   assert train.train_and_evaluate(small_config, str(tmp_path / 'c')) != first
+
+
+def test_checkpoints_every_few_epochs_and_a_finished_run_only_exports(
+    small_config, tmp_path, caplog
+):
+  config = small_config  # 16 steps an epoch.
+  config.num_epochs = 3
+  config.checkpoint_every_epochs = 2
+  workdir = str(tmp_path / 'workdir')
+  summary = train.train_and_evaluate(config, workdir)
+  assert checkpoints.manager(workdir).all_steps() == [32, 48]  # Epoch 2, the last.
+
+  with caplog.at_level(logging.INFO, logger='absl'):
+    assert train.train_and_evaluate(config, workdir) == summary
+  messages = [r.getMessage() for r in caplog.records]
+  assert not [m for m in messages if m.startswith('epoch:')]
+  assert (
+      'Resuming from the checkpoint (step 48, end of epoch 3) in '
+      f'{os.path.join(workdir, "checkpoints")}.'
+  ) in messages
+  assert sorted(os.listdir(os.path.join(workdir, 'export', 'mnist'))) == ['1', '2']
+
+  config.num_epochs = 2
+  directory = os.path.join(workdir, 'checkpoints')
+  with pytest.raises(train.TrainingError) as error:
+    train.train_and_evaluate(config, workdir)
+  assert str(error.value) == (
+      f'{directory} holds a checkpoint (step 48, end of epoch 3) past '
+      'config.num_epochs=2: raise num_epochs, or to start afresh, use a new '
+      f'--workdir or move {directory} away'
+  )

@@ -53,6 +53,10 @@ def get_config() -> ml_collections.ConfigDict:
   # 468 steps of an epoch, so one compiled call serves them all.
   config.steps_per_call = 39
 
+  # Checkpoints, in <workdir>/checkpoints: rerunning a command resumes there.
+  config.checkpoint_every_epochs = 1  # Epochs between checkpoints (and the last).
+  config.checkpoints_to_keep = 3  # The most recent ones; older ones are deleted.
+
   # Export.
   config.export_model_name = 'mnist'  # Exports go to <workdir>/export/<name>/.
   return config

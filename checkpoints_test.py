@@ -1,0 +1,74 @@
+"""Tests of the checkpoints, without data."""
+
+import os
+
+from configs import default
+import checkpoints
+from flax import nnx
+import jax
+import numpy as np
+import train
+
+
+def _objects(seed: int):
+  config = default.get_config()
+  config.seed = seed
+  model = train.create_model(config)
+  return model, train.create_optimizer(model, config, 1), train.create_metrics()
+
+
+def _leaves(*objects):
+  leaves = jax.tree.leaves(nnx.state(objects))
+  return [
+      np.asarray(jax.random.key_data(x))
+      if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else np.asarray(x)
+      for x in leaves
+  ]
+
+
+def test_restore_gives_back_every_value_and_the_json(tmp_path):
+  model, optimizer, metrics = _objects(seed=0)
+  metrics.update(loss=np.float32([2.5]), logits=np.eye(10)[:1], labels=np.int32([0]))
+  saved = checkpoints.manager(str(tmp_path))
+  checkpoints.save(saved, 7, model, optimizer, metrics, {'step': 7, 'x': [1.5]})
+
+  others = _objects(seed=1)
+  assert not all(
+      np.array_equal(a, b) for a, b in zip(_leaves(*others), _leaves(model))
+  )
+  again = checkpoints.manager(str(tmp_path))
+  assert checkpoints.latest_meta(again) == {'step': 7, 'x': [1.5]}
+  checkpoints.restore(
+      again, 7, model=others[0], optimizer=others[1], metrics=others[2]
+  )
+  for a, b in zip(_leaves(*others), _leaves(model, optimizer, metrics)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_checkpoint_cut_short_is_not_listed(tmp_path):
+  model, optimizer, metrics = _objects(seed=0)
+  checkpoints.save(
+      checkpoints.manager(str(tmp_path)), 3, model, optimizer, metrics, {'step': 3}
+  )
+  # What orbax leaves behind when the process dies while it writes step 5.
+  unfinished = tmp_path / checkpoints.DIRECTORY / '5.orbax-checkpoint-tmp-1234'
+  os.makedirs(unfinished / 'model')
+  (unfinished / 'model' / 'half').write_bytes(b'\0' * 10)
+  saved = checkpoints.manager(str(tmp_path))
+  assert saved.all_steps() == [3]
+  assert checkpoints.latest_meta(saved) == {'step': 3}
+
+
+def test_config_differences_leave_out_what_a_resumed_run_may_change():
+  saved = default.get_config().to_dict()
+  config = default.get_config()
+  config.num_epochs = 20
+  config.steps_per_call = 1
+  assert checkpoints.config_differences(saved, config) == []
+  config.learning_rate = 0.05
+  config.seed = 1
+  assert checkpoints.config_differences(saved, config) == [
+      'learning_rate 0.1 -> 0.05', 'seed 0 -> 1'
+  ]
+  del saved['momentum']
+  assert checkpoints.config_differences(saved, config)[1] == 'momentum absent -> 0.9'
