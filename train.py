@@ -15,7 +15,9 @@ from jax._src.random import threefry2x32
 from jax.interpreters import mlir
 import ml_collections
 import models
+import numpy as np
 import optax
+import summaries
 import tensorflow as tf
 
 
@@ -96,12 +98,17 @@ def train_step(model, optimizer, metrics, batch) -> None:
   metrics.update(loss=losses, logits=logits, labels=batch['label'])
 
 
-def eval_step(model, metrics, batch) -> None:
-  """Accumulates the metrics of the examples of `batch` whose 'mask' is set."""
+def eval_step(model, metrics, batch) -> jax.Array:
+  """Accumulates the metrics of the examples of `batch` whose 'mask' is set.
+
+  Returns the predicted labels of the whole batch, so that the images of an
+  epoch's mistakes cost no second pass over the test set.
+  """
   _, (losses, logits) = loss_fn(model, batch)
   metrics.update(
       loss=losses, logits=logits, labels=batch['label'], mask=batch['mask']
   )
+  return logits.argmax(-1)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
@@ -124,14 +131,17 @@ def _train_steps(graphdef, state, images, labels, order):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _eval_batches(graphdef, state, batches):
-  """`eval_step` on each of `batches` (arrays `(num_batches, batch, ...)`)."""
+  """`eval_step` on each of `batches` (arrays `(num_batches, batch, ...)`).
+
+  Returns the new state and the predicted labels, `(num_batches, batch)`.
+  """
 
   def step(state, batch):
     model, metrics = nnx.merge(graphdef, state)
-    eval_step(model, metrics, batch)
-    return nnx.state((model, metrics)), None
+    predicted = eval_step(model, metrics, batch)
+    return nnx.state((model, metrics)), predicted
 
-  return jax.lax.scan(step, state, batches)[0]
+  return jax.lax.scan(step, state, batches)
 
 
 def train_epoch(
@@ -155,11 +165,19 @@ def train_epoch(
 
 def evaluate(model, metrics, batches) -> dict[str, float]:
   """Metrics over all of `batches` (see `input_pipeline.eval_batches`)."""
+  return evaluate_and_predict(model, metrics, batches)[0]
+
+
+def evaluate_and_predict(
+    model, metrics, batches
+) -> tuple[dict[str, float], np.ndarray]:
+  """`evaluate`, and the predicted label of each example (padding dropped)."""
   model.eval()
   metrics.reset()
   graphdef, state = nnx.split((model, metrics))
-  nnx.update((model, metrics), _eval_batches(graphdef, state, batches))
-  return _compute(metrics)
+  state, predicted = _eval_batches(graphdef, state, batches)
+  nnx.update((model, metrics), state)
+  return _compute(metrics), np.asarray(predicted)[np.asarray(batches['mask'])]
 
 
 def _compute(metrics: nnx.MultiMetric) -> dict[str, float]:
@@ -213,6 +231,8 @@ def train_and_evaluate(
   model = create_model(config)
   optimizer = create_optimizer(model, config, config.num_epochs * steps_per_epoch)
   metrics = create_metrics()
+  summaries.write_run_info(writer, config, nnx.state(model, nnx.Param))
+  rate = learning_rate(config, config.num_epochs * steps_per_epoch)
   report_progress = periodic_actions.ReportProgress(
       num_train_steps=config.num_epochs * steps_per_epoch,
       writer=writer,
@@ -231,10 +251,16 @@ def train_and_evaluate(
     images_per_sec = steps_per_epoch * config.batch_size / (
         time.perf_counter() - start
     )
-    test = evaluate(model, metrics, test_batches)
+    test, predicted = evaluate_and_predict(model, metrics, test_batches)
     summary.update({f'test_{k}': v for k, v in test.items()})
     logging.info('%s', format_epoch(epoch, summary))
     writer.write_scalars(epoch, {**summary, 'train_images_per_sec': images_per_sec})
+    summaries.write_epoch(
+        writer, epoch, test_data, predicted, rate, epoch * steps_per_epoch
+    )
+  summaries.write_confusion_matrix(
+      writer, config.num_epochs, test_data['label'], predicted
+  )
   writer.flush()
 
   path = export.export_saved_model(
