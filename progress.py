@@ -5,13 +5,15 @@ clu's `ReportProgress` logs a line (steps/s, percentage, ETA) every
 output is: that is what CI and log files get. When stderr, where absl logs,
 is a terminal, a one-line bar rewritten after each dispatch shows the epoch's
 steps, steps/s, images/s and ETA as well; it steps aside while
-ReportProgress logs, so that log lines do not land inside it.
+ReportProgress logs, so that log lines do not land inside it (clu's default
+writer logs from a thread of its own: the bar waits for it to finish).
 """
 
 import sys
 import time
 from typing import TextIO
 
+from clu import metric_writers
 from clu import periodic_actions
 
 WIDTH = 20  # Characters of the bar itself.
@@ -24,9 +26,11 @@ class EpochProgress:
   def __init__(
       self, report_progress: periodic_actions.ReportProgress,
       steps_per_epoch: int, batch_size: int, num_epochs: int,
+      writer: metric_writers.MetricWriter | None = None,
       stream: TextIO | None = None,
   ):
     self._report = report_progress
+    self._writer = writer
     self._steps_per_epoch = steps_per_epoch
     self._batch_size = batch_size
     self._num_epochs = num_epochs
@@ -42,8 +46,10 @@ class EpochProgress:
     """Reports `steps` done in the current epoch."""
     if self.bar:
       self._stream.write(CLEAR_LINE)
-    self._report((self._epoch - 1) * self._steps_per_epoch + steps)
+    reported = self._report((self._epoch - 1) * self._steps_per_epoch + steps)
     if self.bar:
+      if reported and self._writer:
+        self._writer.flush()  # Its log lines, before the bar is redrawn.
       self._stream.write('\r' + self.line(steps, time.perf_counter() - self._start))
       self._stream.flush()
 

@@ -17,20 +17,31 @@ class FakeStream(io.StringIO):
 
 
 class FakeReport:
-  """Stands in for clu's ReportProgress: records steps, logs to the stream."""
+  """Stands in for clu's ReportProgress and its metric writer.
+
+  It reports every step given: logs a line to the stream at once, and leaves
+  the writer's line pending, as clu's asynchronous writer does, until flushed.
+  """
 
   def __init__(self, stream):
     self.stream, self.steps = stream, []
+    self.pending = []
 
   def __call__(self, step):
     self.steps.append(step)
     self.stream.write(f'log {step}\n')
+    self.pending.append(f'steps_per_sec {step}\n')
+    return True
+
+  def flush(self):
+    self.stream.write(''.join(self.pending))
+    self.pending = []
 
 
 def _run_epoch(tty: bool, epoch: int = 2):
   stream = FakeStream(tty)
   report = FakeReport(stream)
-  display = progress.EpochProgress(report, 10, 128, 3, stream=stream)
+  display = progress.EpochProgress(report, 10, 128, 3, report, stream=stream)
   display.start(epoch)
   for steps in (4, 8, 10):
     display(steps)
@@ -42,9 +53,11 @@ def test_on_a_terminal_a_bar_is_redrawn_after_each_dispatch():
   display, report, out = _run_epoch(tty=True)
   assert display.bar
   assert report.steps == [14, 18, 20]  # Steps of the run, for ReportProgress.
-  # The bar steps aside for each log line and is redrawn after it.
+  # The bar steps aside for the log lines and is redrawn after them.
+  assert out.count(progress.CLEAR_LINE + 'log 14\nsteps_per_sec 14\n') == 1
   assert out.count(progress.CLEAR_LINE + 'log ') == 3
-  bars = [part.split('\n')[0] for part in out.split('\r')[1:] if part.startswith('epoch')]
+  parts = out.split('\r')
+  bars = [p.split('\n')[0] for p in parts if p.startswith('epoch')]
   assert len(bars) == 3
   assert bars[0].startswith('epoch 2/3 [########............] 4/10 ')
   assert bars[2].startswith('epoch 2/3 [####################] 10/10 ')
@@ -57,6 +70,7 @@ def test_off_a_terminal_only_the_periodic_log_lines():
   display, report, out = _run_epoch(tty=False)
   assert not display.bar
   assert report.steps == [14, 18, 20]
+  # Nothing waits for the writer: its lines come when they come.
   assert out == 'log 14\nlog 18\nlog 20\n'
 
 

@@ -244,7 +244,8 @@ def train_and_evaluate(
       every_secs=config.progress_every_secs,
   )
   on_steps = progress.EpochProgress(
-      report_progress, steps_per_epoch, config.batch_size, config.num_epochs
+      report_progress, steps_per_epoch, config.batch_size, config.num_epochs,
+      writer,
   )
 
   for epoch in range(1, config.num_epochs + 1):
