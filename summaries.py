@@ -21,7 +21,9 @@ from PIL import ImageDraw
 import tensorflow as tf
 
 # The misclassified grid: GRID x GRID cells of a digit SCALE times its size,
-# a caption under each and a header line; its size is the same every epoch.
+# a caption under each and a header line. Its size is the same every epoch,
+# however many mistakes, so that TensorBoard's step slider compares like
+# with like.
 GRID = 10
 SCALE = 3
 CAPTION = 16
