@@ -12,9 +12,9 @@ import sys
 
 from configs import default
 import checkpoints
-import mnist_benchmark
 import numpy as np
 import pytest
+import summaries
 import tensorflow as tf
 import train
 
@@ -339,7 +339,7 @@ def _assert_resumes_to(workdir, config, expected) -> None:
   result = _main(f'--workdir={workdir}', *_flags(config))
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'Resuming from the checkpoint (step ' in result.stderr
-  scalars = mnist_benchmark.read_scalars(workdir)
+  scalars = summaries.read_scalars(workdir)
   assert {tag: scalars[tag][3][0] for tag in TAGS} == {
       tag: expected[tag] for tag in TAGS
   }

@@ -12,9 +12,7 @@ Prints a report, then one JSON object as its last line. Exits non-zero when
 the final test accuracy is outside [0.99, 1.0].
 """
 
-import glob
 import json
-import os
 import resource
 import statistics
 import sys
@@ -24,25 +22,11 @@ from absl import app
 from absl import flags
 import main
 import reference_loop
-import tensorflow as tf
+import summaries
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool('reference', False, "Train with the Flax example's loop.")
 ACCURACY_RANGE = (0.99, 1.0)
-
-
-def read_scalars(workdir: str) -> dict[str, dict[int, tuple[float, float]]]:
-  """tag -> step -> (value, wall time) of the scalar summaries in `workdir`."""
-  scalars = {}
-  for path in sorted(glob.glob(os.path.join(workdir, 'events.out.tfevents.*'))):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for value in event.summary.value:
-        tensor = tf.make_ndarray(value.tensor)
-        if tensor.ndim == 0 and tensor.dtype.kind == 'f':
-          scalars.setdefault(value.tag, {})[event.step] = (
-              float(tensor), event.wall_time,
-          )
-  return scalars
 
 
 def summarize(scalars, wall_time_s: float, peak_rss_mb: float) -> dict:
@@ -76,7 +60,7 @@ def run(argv) -> None:
     main.main(argv)
   wall_time = time.perf_counter() - start
   peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-  result = summarize(read_scalars(FLAGS.workdir), wall_time, peak_rss_mb)
+  result = summarize(summaries.read_scalars(FLAGS.workdir), wall_time, peak_rss_mb)
   result['config'] = FLAGS.config.to_dict()
   result['loop'] = 'reference' if FLAGS.reference else 'ours'
   for key, value in result.items():

@@ -34,7 +34,7 @@ model, metrics = train.create_model(config), train.create_metrics()
 test = parallel.global_batches(mesh, input_pipeline.eval_batches(test_data, 32))
 model.eval()
 graphdef, state = nnx.split((model, metrics))
-nnx.update((model, metrics), train._eval_batches(graphdef, state, test))
+nnx.update((model, metrics), train._eval_batches(graphdef, state, test)[0])
 print(json.dumps({
     'summary': summary,
     'devices': len(batch['image'].sharding.device_set),

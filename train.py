@@ -23,6 +23,8 @@ import models
 import numpy as np
 import optax
 import parallel
+import progress
+import summaries
 import tensorflow as tf
 
 
@@ -153,12 +155,17 @@ def train_step(model, optimizer, metrics, batch) -> jax.Array:
   return loss
 
 
-def eval_step(model, metrics, batch) -> None:
-  """Accumulates the metrics of the examples of `batch` whose 'mask' is set."""
+def eval_step(model, metrics, batch) -> jax.Array:
+  """Accumulates the metrics of the examples of `batch` whose 'mask' is set.
+
+  Returns the predicted labels of the whole batch, so that the images of an
+  epoch's mistakes cost no second pass over the test set.
+  """
   _, (losses, logits) = loss_fn(model, batch)
   metrics.update(
       loss=losses, logits=logits, labels=batch['label'], mask=batch['mask']
   )
+  return logits.argmax(-1)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=2)
@@ -183,14 +190,17 @@ def _train_steps(graphdef, mesh, state, batches):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _eval_batches(graphdef, state, batches):
-  """`eval_step` on each of `batches` (arrays `(num_batches, batch, ...)`)."""
+  """`eval_step` on each of `batches` (arrays `(num_batches, batch, ...)`).
+
+  Returns the new state and the predicted labels, `(num_batches, batch)`.
+  """
 
   def step(state, batch):
     model, metrics = nnx.merge(graphdef, state)
-    eval_step(model, metrics, batch)
-    return nnx.state((model, metrics)), None
+    predicted = eval_step(model, metrics, batch)
+    return nnx.state((model, metrics)), predicted
 
-  return jax.lax.scan(step, state, batches)[0]
+  return jax.lax.scan(step, state, batches)
 
 
 def train_epoch(
@@ -202,10 +212,12 @@ def train_epoch(
   `order` holds `(steps, batch / process count)` indices into `data`; each
   process passes its own, and every step trains on the union of their
   batches. `steps_per_call` steps run per dispatch, their batches gathered
-  on the host; `on_steps(n)` is called after each dispatch with the number
-  of steps done so far. After each dispatch, its losses are checked (a NaN
-  would otherwise spread silently through the rest of the run) and `stop()`
-  is asked whether to stop there.
+  on the host. After each dispatch has finished, its losses are checked (a
+  NaN would otherwise spread silently through the rest of the run),
+  `on_steps(n)` is called with the number of steps done so far, and `stop()`
+  is asked whether to stop there. Waiting for each dispatch makes progress
+  reports true (JAX dispatches asynchronously); it costs about a
+  millisecond of Python a call.
 
   Returns:
     The number of steps done: `len(order)`, or fewer if `stop()` was true.
@@ -239,11 +251,25 @@ def train_epoch(
 
 def evaluate(model, metrics, batches) -> dict[str, float]:
   """Metrics over all of `batches` (see `input_pipeline.eval_batches`)."""
+  return evaluate_and_predict(model, metrics, batches)[0]
+
+
+def evaluate_and_predict(
+    model, metrics, batches
+) -> tuple[dict[str, float], np.ndarray]:
+  """`evaluate`, and the predicted label of each example (padding dropped).
+
+  The predictions of every process's part of the batches, on every process.
+  """
   model.eval()
   metrics.reset()
   graphdef, state = nnx.split((model, metrics))
-  nnx.update((model, metrics), _eval_batches(graphdef, state, batches))
-  return _compute(metrics)
+  state, predicted = _eval_batches(graphdef, state, batches)
+  nnx.update((model, metrics), state)
+  predicted, mask = multihost_utils.process_allgather(
+      (predicted, batches['mask']), tiled=True
+  )
+  return _compute(metrics), predicted[mask]
 
 
 def _compute(metrics: nnx.MultiMetric) -> dict[str, float]:
@@ -344,7 +370,7 @@ def _last_summary_steps(workdir: str) -> dict[str, int]:
 
 
 class _NewStepsWriter:
-  """A metric writer that writes each tag's scalars only past a given step.
+  """A metric writer that writes each tag only past a given step.
 
   A resumed run repeats the steps after its checkpoint. Those that the
   interrupted run summarised already (the same values: they are
@@ -354,10 +380,20 @@ class _NewStepsWriter:
   def __init__(self, writer, last_steps: dict[str, int]):
     self._writer, self._last = writer, last_steps
 
+  def _new(self, step: int, values: dict) -> dict:
+    return {k: v for k, v in values.items() if k not in self._last or step > self._last[k]}
+
   def write_scalars(self, step: int, scalars: dict) -> None:
-    new = {k: v for k, v in scalars.items() if step > self._last.get(k, 0)}
-    if new:
+    if new := self._new(step, scalars):
       self._writer.write_scalars(step, new)
+
+  def write_images(self, step: int, images: dict) -> None:
+    if new := self._new(step, images):
+      self._writer.write_images(step, new)
+
+  def write_texts(self, step: int, texts: dict) -> None:
+    if new := self._new(step, texts):
+      self._writer.write_texts(step, new)
 
   def flush(self) -> None:
     self._writer.flush()
@@ -458,10 +494,16 @@ def train_and_evaluate(
   objects = (model, optimizer, metrics)
   nnx.update(objects, parallel.replicate(nnx.state(objects), mesh))
   writer = _summary_writer(workdir, config)
+  summaries.write_run_info(writer, config, nnx.state(model, nnx.Param))
+  rate = learning_rate(config, config.num_epochs * steps_per_epoch)
   report_progress = periodic_actions.ReportProgress(
       num_train_steps=config.num_epochs * steps_per_epoch,
       writer=writer,
       every_secs=config.progress_every_secs,
+  )
+  on_steps = progress.EpochProgress(
+      report_progress, steps_per_epoch, config.batch_size, config.num_epochs,
+      writer,
   )
 
   def save(epoch: int) -> None:
@@ -478,6 +520,7 @@ def train_and_evaluate(
 
   for epoch in range(step // steps_per_epoch + 1, config.num_epochs + 1):
     start, first = time.perf_counter(), step
+    on_steps.start(epoch)
     order = input_pipeline.epoch_order(
         config.seed, epoch, len(train_data['label']), local_batch
     )[:steps_per_epoch]
@@ -485,7 +528,7 @@ def train_and_evaluate(
     try:
       step += train_epoch(
           model, optimizer, metrics, train_data, order[step - begin :],
-          config.steps_per_call, mesh, lambda n: report_progress(first + n),
+          config.steps_per_call, mesh, lambda n: on_steps(first - begin + n),
           stop,
       )
     except NonFiniteLoss as e:
@@ -494,6 +537,7 @@ def train_and_evaluate(
               e, first + e.step + 1, steps_per_epoch, saved.latest_step(), config
           )
       ) from None
+    on_steps.end()
     if step < epoch * steps_per_epoch:
       save(epoch - 1)
       raise stopped()
@@ -501,14 +545,21 @@ def train_and_evaluate(
     images_per_sec = (step - first) * config.batch_size / (
         time.perf_counter() - start
     )
-    test = evaluate(model, metrics, test_batches)
+    test, predicted = evaluate_and_predict(model, metrics, test_batches)
     summary.update({f'test_{k}': v for k, v in test.items()})
     logging.info('%s', format_epoch(epoch, summary))
     # Summaries before the checkpoint: a run killed between the two repeats
     # the epoch, and `_NewStepsWriter` leaves out what is already written.
     writer.write_scalars(epoch, {**summary, 'train_images_per_sec': images_per_sec})
-    writer.flush()
+    summaries.write_epoch(
+        writer, epoch, test_data, predicted, rate, epoch * steps_per_epoch
+    )
     last, stopping = epoch == config.num_epochs, stop()
+    if last:
+      summaries.write_confusion_matrix(
+          writer, epoch, test_data['label'], predicted
+      )
+    writer.flush()
     if last or stopping or epoch % config.checkpoint_every_epochs == 0:
       save(epoch)
     if stopping and not last:

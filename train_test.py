@@ -9,10 +9,11 @@ import checkpoints
 from flax import nnx
 import input_pipeline
 import jax
-import mnist_benchmark
 import parallel
 import numpy as np
 import pytest
+import summaries
+import tensorflow as tf
 import train
 
 
@@ -29,7 +30,9 @@ def test_evaluate_counts_every_test_example_once(small_config):
   metrics = train.create_metrics()
   model.eval()
   graphdef, state = nnx.split((model, metrics))
-  nnx.update((model, metrics), train._eval_batches(graphdef, state, batches))
+  state, predicted = train._eval_batches(graphdef, state, batches)
+  nnx.update((model, metrics), state)
+  assert predicted.shape == (3, 128)
   assert int(metrics.accuracy.count) == 300
   assert int(metrics.loss.count) == 300
 
@@ -38,9 +41,10 @@ def test_evaluate_matches_unpadded_metrics(small_config):
   config = small_config
   test, batches = _test_batches(config)
   model = train.create_model(config)
-  got = train.evaluate(model, train.create_metrics(), batches)
+  got, predicted = train.evaluate_and_predict(model, train.create_metrics(), batches)
   assert len(test['label']) == 300
   logits = np.asarray(model(test['image']))
+  np.testing.assert_array_equal(predicted, logits.argmax(-1))
   expected_accuracy = np.mean(logits.argmax(-1) == test['label'])
   logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   expected_loss = -np.mean(logp[np.arange(300), test['label']])
@@ -126,12 +130,24 @@ def test_train_and_evaluate_logs_summarises_and_exports(
   # 16 steps on 1,024 images already learn something.
   assert summary['test_accuracy'] > 0.5
 
-  scalars = mnist_benchmark.read_scalars(workdir)
+  scalars = summaries.read_scalars(workdir)
   for tag in ('train_loss', 'train_accuracy', 'test_loss', 'test_accuracy'):
     assert sorted(scalars[tag]) == [1, 2]
     assert scalars[tag][2][0] == pytest.approx(summary[tag], rel=1e-6)
 
   assert os.path.isfile(os.path.join(workdir, 'export', 'mnist', '1', 'saved_model.pb'))
+
+  # Images decode as PNGs: a grid of mistakes each epoch, the confusion
+  # matrix after the last.
+  images = summaries.read_images(workdir)
+  assert sorted(images['misclassified']) == [1, 2]
+  assert sorted(images['confusion_matrix']) == [2]
+  grids = [tf.image.decode_png(png).numpy() for png in images['misclassified'].values()]
+  assert all(grid.shape == (1020, 840, 3) for grid in grids)
+  # The first cell holds a digit: 16 steps leave mistakes among 300 images.
+  assert grids[-1][summaries.HEADER : summaries.HEADER + 84, :84].max() > 0
+  matrix = tf.image.decode_png(images['confusion_matrix'][2])
+  assert matrix.shape == (600, 600, 3)
 
 
 def test_runs_with_the_same_config_give_the_same_metrics(small_config, tmp_path):

@@ -1,0 +1,60 @@
+"""Learning curves of a run, from its workdir's summaries, as a PNG.
+
+  python plot.py --workdir=DIR [--out=curves.png]
+
+Train and test loss, and train and test accuracy, per epoch; the test curves
+are over the whole test split, as logged.
+"""
+
+import sys
+
+from absl import app
+from absl import flags
+from matplotlib import figure
+from matplotlib.backends import backend_agg
+import summaries
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('workdir', None, 'Workdir of a run (its summaries).')
+flags.DEFINE_string('out', 'curves.png', 'Path of the PNG to write.')
+flags.mark_flag_as_required('workdir')
+
+SIZE = (10, 4)  # Inches; at DPI dots per inch, a 1000x400 PNG.
+DPI = 100
+
+
+def plot_curves(scalars, path: str) -> None:
+  """Writes loss and accuracy per epoch, train and test, to the PNG `path`."""
+  if 'test_accuracy' not in scalars:
+    raise ValueError('no epoch summaries (test_accuracy) to plot')
+  fig = figure.Figure(figsize=SIZE, dpi=DPI)
+  backend_agg.FigureCanvasAgg(fig)
+  loss_ax, accuracy_ax = fig.subplots(1, 2)
+  for split in ('train', 'test'):
+    for ax, name, scale in ((loss_ax, 'loss', 1), (accuracy_ax, 'accuracy', 100)):
+      points = sorted(scalars.get(f'{split}_{name}', {}).items())
+      ax.plot(
+          [epoch for epoch, _ in points], [v * scale for _, (v, _) in points],
+          marker='o', label=split,
+      )
+  loss_ax.set(xlabel='epoch', ylabel='loss', title='cross-entropy', yscale='log')
+  accuracy_ax.set(xlabel='epoch', ylabel='accuracy (%)', title='accuracy')
+  for ax in (loss_ax, accuracy_ax):
+    ax.grid(alpha=0.3)
+    ax.legend()
+  fig.tight_layout()
+  fig.savefig(path)
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError('Too many command-line arguments.')
+  try:
+    plot_curves(summaries.read_scalars(FLAGS.workdir), FLAGS.out)
+  except ValueError as e:
+    sys.exit(f'error: {FLAGS.workdir}: {e}')
+  print(f'wrote {FLAGS.out}')
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,73 @@
+"""Progress within an epoch: clu's ReportProgress, plus a bar on a terminal.
+
+clu's `ReportProgress` logs a line (steps/s, percentage, ETA) every
+`progress_every_secs` and writes `steps_per_sec` summaries, whatever the
+output is: that is what CI and log files get. When stderr, where absl logs,
+is a terminal, a one-line bar rewritten after each dispatch shows the epoch's
+steps, steps/s, images/s and ETA as well; it steps aside while
+ReportProgress logs, so that log lines do not land inside it (clu's default
+writer logs from a thread of its own: the bar waits for it to finish).
+"""
+
+import sys
+import time
+from typing import TextIO
+
+from clu import metric_writers
+from clu import periodic_actions
+
+WIDTH = 20  # Characters of the bar itself.
+CLEAR_LINE = '\r\x1b[K'
+
+
+class EpochProgress:
+  """The `on_steps` callback of `train.train_epoch`, for one epoch at a time."""
+
+  def __init__(
+      self, report_progress: periodic_actions.ReportProgress,
+      steps_per_epoch: int, batch_size: int, num_epochs: int,
+      writer: metric_writers.MetricWriter | None = None,
+      stream: TextIO | None = None,
+  ):
+    self._report = report_progress
+    self._writer = writer
+    self._steps_per_epoch = steps_per_epoch
+    self._batch_size = batch_size
+    self._num_epochs = num_epochs
+    self._stream = stream or sys.stderr
+    self.bar = self._stream.isatty()
+    self._epoch, self._start = 0, 0.0
+
+  def start(self, epoch: int) -> None:
+    """Starts counting the steps and time of `epoch` (from 1)."""
+    self._epoch, self._start = epoch, time.perf_counter()
+
+  def __call__(self, steps: int) -> None:
+    """Reports `steps` done in the current epoch."""
+    if self.bar:
+      self._stream.write(CLEAR_LINE)
+    reported = self._report((self._epoch - 1) * self._steps_per_epoch + steps)
+    if self.bar:
+      if reported and self._writer:
+        self._writer.flush()  # Its log lines, before the bar is redrawn.
+      self._stream.write('\r' + self.line(steps, time.perf_counter() - self._start))
+      self._stream.flush()
+
+  def end(self) -> None:
+    """Leaves the epoch's last bar on its own line."""
+    if self.bar:
+      self._stream.write('\n')
+      self._stream.flush()
+
+  def line(self, steps: int, seconds: float) -> str:
+    """The bar after `steps` of the epoch in `seconds`."""
+    total = self._steps_per_epoch
+    filled = WIDTH * steps // total
+    rate = steps / seconds if seconds > 0 else 0.0
+    eta = (total - steps) / rate if rate else 0.0
+    return (
+        f'epoch {self._epoch}/{self._num_epochs} '
+        f'[{"#" * filled}{"." * (WIDTH - filled)}] {steps}/{total} '
+        f'{rate:.1f} steps/s {rate * self._batch_size:.0f} images/s '
+        f'ETA {int(eta) // 60}:{int(eta) % 60:02d}'
+    )

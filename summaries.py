@@ -1,0 +1,165 @@
+"""TensorBoard summaries beyond the scalars, and reading summaries back.
+
+The images (mistakes, confusion matrix) are drawn here as uint8 RGB arrays
+(matplotlib draws into an Agg canvas of its own: no display, no pyplot state)
+and written through clu's metric writer, like the scalars; train.py calls the
+`write_*` functions. `read_scalars` and `read_images` read a workdir's event
+files back, for plot.py, the benchmark and the tests.
+"""
+
+import glob
+import os
+
+from clu import metric_writers
+import jax
+from matplotlib import figure
+from matplotlib.backends import backend_agg
+import ml_collections
+import numpy as np
+from PIL import Image
+from PIL import ImageDraw
+import tensorflow as tf
+
+# The misclassified grid: GRID x GRID cells of a digit SCALE times its size,
+# a caption under each and a header line. Its size is the same every epoch,
+# however many mistakes, so that TensorBoard's step slider compares like
+# with like.
+GRID = 10
+SCALE = 3
+CAPTION = 16
+HEADER = 20
+NUM_CLASSES = 10
+
+
+def misclassified_grid(
+    images: np.ndarray, labels: np.ndarray, predicted: np.ndarray, title: str = ''
+) -> np.ndarray:
+  """The first GRID**2 test digits whose prediction is wrong, tiled.
+
+  Each digit is captioned with its predicted label (red) and its true label
+  (green). Returns a uint8 RGB array; cells without a mistake stay black.
+  """
+  wrong = np.flatnonzero(predicted != labels)
+  size = images.shape[1] * SCALE
+  cell_h = size + CAPTION
+  grid = Image.new('RGB', (GRID * size, HEADER + GRID * cell_h))
+  draw = ImageDraw.Draw(grid)
+  draw.text(
+      (4, 4), f'{title}{len(wrong)} of {len(labels)} misclassified', fill='white'
+  )
+  for n, i in enumerate(wrong[: GRID * GRID]):
+    x, y = (n % GRID) * size, HEADER + (n // GRID) * cell_h
+    digit = (images[i].reshape(images.shape[1:3]) * 255).round().astype(np.uint8)
+    digit = digit.repeat(SCALE, axis=0).repeat(SCALE, axis=1)
+    grid.paste(Image.fromarray(digit).convert('RGB'), (x, y))
+    draw.text((x + 4, y + size + 1), f'pred {predicted[i]}', fill=(255, 90, 90))
+    draw.text((x + 46, y + size + 1), f'true {labels[i]}', fill=(90, 220, 90))
+  return np.asarray(grid)
+
+
+def confusion_matrix(labels: np.ndarray, predicted: np.ndarray) -> np.ndarray:
+  """Counts `(true, predicted)` of NUM_CLASSES classes."""
+  matrix = np.zeros((NUM_CLASSES, NUM_CLASSES), np.int64)
+  np.add.at(matrix, (labels, predicted), 1)
+  return matrix
+
+
+def confusion_matrix_image(matrix: np.ndarray, title: str = '') -> np.ndarray:
+  """The confusion matrix drawn with its counts, as a uint8 RGB array.
+
+  Colours follow log(1 + count): on a linear scale the diagonal's thousands
+  would hide the off-diagonal mistakes, which are what the picture is for.
+  """
+  fig = figure.Figure(figsize=(6, 6), dpi=100)
+  canvas = backend_agg.FigureCanvasAgg(fig)
+  ax = fig.add_subplot()
+  ax.imshow(np.log1p(matrix), cmap='Blues')
+  threshold = np.log1p(matrix).max() / 2
+  for (true, pred), count in np.ndenumerate(matrix):
+    ax.text(
+        pred, true, str(count), ha='center', va='center', fontsize=8,
+        color='white' if np.log1p(count) > threshold else 'black',
+    )
+  ticks = range(len(matrix))
+  ax.set(
+      xticks=ticks, yticks=ticks, xlabel='predicted', ylabel='true', title=title
+  )
+  fig.tight_layout()
+  canvas.draw()
+  return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def write_run_info(
+    writer: metric_writers.MetricWriter, config: ml_collections.ConfigDict,
+    params,
+) -> None:
+  """The config and the parameter count, as text (markdown in TensorBoard).
+
+  `params` is a pytree of the trained parameters (not BatchNorm statistics).
+  """
+  count = sum(x.size for x in jax.tree.leaves(params))
+  writer.write_texts(0, {
+      'config': '```\n' + str(config) + '```',
+      'num_params': f'{count:,} parameters',
+  })
+
+
+def write_epoch(
+    writer: metric_writers.MetricWriter, epoch: int, test: dict[str, np.ndarray],
+    predicted: np.ndarray, learning_rate, steps_done: int,
+) -> None:
+  """The epoch's misclassified test digits, and its rate if it is scheduled.
+
+  The rate written is that of the epoch's last step; a constant rate is
+  among the hyperparameters already.
+  """
+  grid = misclassified_grid(
+      test['image'], test['label'], predicted, title=f'epoch {epoch}: '
+  )
+  writer.write_images(epoch, {'misclassified': grid[None]})
+  if callable(learning_rate):
+    writer.write_scalars(
+        epoch, {'learning_rate': float(learning_rate(steps_done - 1))}
+    )
+
+
+def write_confusion_matrix(
+    writer: metric_writers.MetricWriter, epoch: int, labels: np.ndarray,
+    predicted: np.ndarray,
+) -> None:
+  """The test set's confusion matrix after the last epoch, as an image."""
+  image = confusion_matrix_image(
+      confusion_matrix(labels, predicted), title=f'test set after epoch {epoch}'
+  )
+  writer.write_images(epoch, {'confusion_matrix': image[None]})
+
+
+def _events(workdir: str):
+  """(step, wall time, summary value) of every value in `workdir`'s events."""
+  for path in sorted(glob.glob(os.path.join(workdir, 'events.out.tfevents.*'))):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        yield event.step, event.wall_time, value
+
+
+def read_scalars(workdir: str) -> dict[str, dict[int, tuple[float, float]]]:
+  """tag -> step -> (value, wall time) of the scalar summaries in `workdir`."""
+  scalars = {}
+  for step, wall_time, value in _events(workdir):
+    tensor = tf.make_ndarray(value.tensor)
+    if tensor.ndim == 0 and tensor.dtype.kind == 'f':
+      scalars.setdefault(value.tag, {})[step] = (float(tensor), wall_time)
+  return scalars
+
+
+def read_images(workdir: str) -> dict[str, dict[int, bytes]]:
+  """tag -> step -> encoded PNG of the image summaries in `workdir`.
+
+  An image summary holds width, height, then one encoded image per image
+  written; these summaries hold one.
+  """
+  images = {}
+  for step, _, value in _events(workdir):
+    if value.metadata.plugin_data.plugin_name == 'images':
+      images.setdefault(value.tag, {})[step] = tf.make_ndarray(value.tensor)[2]
+  return images

@@ -1,0 +1,74 @@
+"""Tests of the summary images and texts, written and read back."""
+
+from clu import metric_writers
+import ml_collections
+import numpy as np
+import optax
+import pytest
+import summaries
+import tensorflow as tf
+
+
+def _digits(n: int) -> np.ndarray:
+  """`n` 28x28 images, each a grey square, distinct from the black background."""
+  images = np.zeros((n, 28, 28, 1), np.float32)
+  images[:, 4:24, 4:24] = 0.5
+  return images
+
+
+def test_misclassified_grid_shows_the_mistakes_in_order():
+  labels = np.arange(20) % 10
+  predicted = labels.copy()
+  predicted[[3, 7, 11]] = 0
+  grid = summaries.misclassified_grid(_digits(20), labels, predicted)
+  assert grid.shape == (1020, 840, 3) and grid.dtype == np.uint8
+  cell = 28 * summaries.SCALE
+  top = summaries.HEADER
+  digits = [grid[top : top + cell, n * cell : (n + 1) * cell] for n in range(4)]
+  assert [d.max() for d in digits] == [128, 128, 128, 0]
+  caption = grid[top + cell : top + cell + summaries.CAPTION, :cell]
+  assert caption.any()  # 'pred 0', 'true 3' drawn under the first.
+
+
+def test_confusion_matrix_counts_true_by_predicted():
+  labels = np.array([0, 0, 1, 9, 9, 9])
+  predicted = np.array([0, 1, 1, 9, 9, 4])
+  matrix = summaries.confusion_matrix(labels, predicted)
+  assert matrix.sum() == 6 and np.trace(matrix) == 4
+  assert matrix[0, 1] == 1 and matrix[9, 4] == 1 and matrix[9, 9] == 2
+
+
+def _texts(workdir):
+  texts = {}
+  for _, _, value in summaries._events(workdir):
+    if value.metadata.plugin_data.plugin_name == 'text':
+      texts[value.tag] = tf.make_ndarray(value.tensor).item().decode()
+  return texts
+
+
+def test_summaries_are_written_and_read_back(tmp_path):
+  workdir = str(tmp_path)
+  writer = metric_writers.create_default_writer(workdir)
+  config = ml_collections.ConfigDict({'learning_rate': 0.1, 'seed': 3})
+  summaries.write_run_info(writer, config, {'w': np.zeros((3, 4)), 'b': np.zeros(4)})
+  labels = np.arange(10)
+  predicted = (labels + 1) % 10
+  schedule = optax.linear_schedule(1.0, 0.0, 100)
+  test = {'image': _digits(10), 'label': labels}
+  summaries.write_epoch(writer, 1, test, predicted, schedule, 50)
+  summaries.write_epoch(writer, 2, test, labels, 0.1, 100)
+  summaries.write_confusion_matrix(writer, 2, labels, predicted)
+  writer.flush()
+
+  images = summaries.read_images(workdir)
+  assert sorted(images['misclassified']) == [1, 2]
+  for png in images['misclassified'].values():
+    assert tf.image.decode_png(png).shape == (1020, 840, 3)
+  assert tf.image.decode_png(images['confusion_matrix'][2]).shape == (600, 600, 3)
+  # The rate of the epoch's last step (49 of 100), only where it is scheduled.
+  scalars = summaries.read_scalars(workdir)
+  assert list(scalars['learning_rate']) == [1]
+  assert scalars['learning_rate'][1][0] == pytest.approx(0.51)
+  texts = _texts(workdir)
+  assert texts['num_params'] == '16 parameters'
+  assert 'learning_rate: 0.1' in texts['config']
