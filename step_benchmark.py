@@ -61,6 +61,10 @@ def _time_variant(name: str, steps: int) -> float:
     train.unroll_threefry_on_cpu()
   if scan:
     mesh = parallel.create_mesh()
+    # Sharded as train_and_evaluate shards it: the state that each call
+    # returns then matches what the next call was compiled for.
+    objects = (model, optimizer, metrics)
+    nnx.update(objects, parallel.replicate(nnx.state(objects), mesh))
     data = {'image': images, 'label': labels}
     run = lambda o: train.train_epoch(
         model, optimizer, metrics, data, o, len(o), mesh
