@@ -7,7 +7,6 @@ and written through clu's metric writer, like the scalars; train.py calls the
 files back, for plot.py, the benchmark and the tests.
 """
 
-import glob
 import os
 
 from clu import metric_writers
@@ -135,11 +134,26 @@ def write_confusion_matrix(
 
 
 def _events(workdir: str):
-  """(step, wall time, summary value) of every value in `workdir`'s events."""
-  for path in sorted(glob.glob(os.path.join(workdir, 'events.out.tfevents.*'))):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for value in event.summary.value:
-        yield event.step, event.wall_time, value
+  """(step, wall time, summary value) of every value in `workdir`'s events.
+
+  A killed run may leave its last record unfinished: what precedes it is read.
+  """
+  pattern = os.path.join(workdir, 'events.out.tfevents.*')
+  for path in sorted(tf.io.gfile.glob(pattern)):
+    try:
+      for event in tf.compat.v1.train.summary_iterator(path):
+        for value in event.summary.value:
+          yield event.step, event.wall_time, value
+    except tf.errors.DataLossError:
+      pass
+
+
+def last_steps(workdir: str) -> dict[str, int]:
+  """tag -> the last step of it that the event files in `workdir` hold."""
+  last = {}
+  for step, _, value in _events(workdir):
+    last[value.tag] = max(step, last.get(value.tag, 0))
+  return last
 
 
 def read_scalars(workdir: str) -> dict[str, dict[int, tuple[float, float]]]:

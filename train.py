@@ -356,19 +356,6 @@ def _check_num_train(config: ml_collections.ConfigDict, num_train: int) -> int:
   return num_train
 
 
-def _last_summary_steps(workdir: str) -> dict[str, int]:
-  """tag -> the last step of it that the event files in `workdir` hold."""
-  last = {}
-  for path in tf.io.gfile.glob(os.path.join(workdir, 'events.out.tfevents.*')):
-    try:
-      for event in tf.compat.v1.train.summary_iterator(path):
-        for value in event.summary.value:
-          last[value.tag] = max(event.step, last.get(value.tag, 0))
-    except tf.errors.DataLossError:  # The unfinished record of a killed run.
-      pass
-  return last
-
-
 class _NewStepsWriter:
   """A metric writer that writes each tag only past a given step.
 
@@ -401,7 +388,7 @@ class _NewStepsWriter:
 
 def _summary_writer(workdir: str, config) -> _NewStepsWriter:
   """The writer of `workdir`'s summaries; the hyperparameters on a fresh start."""
-  last_steps = _last_summary_steps(workdir)
+  last_steps = summaries.last_steps(workdir)
   writer = metric_writers.create_default_writer(
       workdir, just_logging=jax.process_index() > 0
   )
