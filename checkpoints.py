@@ -1,4 +1,4 @@
-"""Checkpoints of a training run, with orbax-checkpoint, in `<workdir>/checkpoints`.
+"""Checkpoints of a training run, with orbax-checkpoint, and the run's workdir.
 
 A checkpoint is the state of the model (its dropout RNG included), of the
 optimizer and of the running training metrics, and a JSON item: the global
@@ -8,6 +8,10 @@ nothing more: it is a function of the seed and the epoch (see
 
 Orbax writes each checkpoint in a temporary directory and renames it when it
 is complete, so a checkpoint cut short by a killed process is never listed.
+
+Beside them, what a run needs of its workdir before it starts: that it can
+be written (`prepare_workdir`), and that its latest checkpoint fits the
+config (`latest`); and the messages that name a checkpoint's position.
 """
 
 import json
@@ -16,6 +20,7 @@ import os
 from flax import nnx
 import ml_collections
 import orbax.checkpoint as ocp
+import tensorflow as tf
 
 DIRECTORY = 'checkpoints'
 
@@ -24,8 +29,12 @@ DIRECTORY = 'checkpoints'
 RESUMABLE_CHANGES = frozenset({
     'num_epochs', 'test_split', 'eval_batch_size', 'data_dir', 'manual_dir',
     'progress_every_secs', 'steps_per_call', 'export_model_name',
-    'checkpoint_every_epochs', 'checkpoints_to_keep',
+    'checkpoint_every_epochs', 'checkpoints_to_keep', 'cpu_levers',
 })
+
+
+class WorkdirError(Exception):
+  """The workdir cannot be used as it is; the message is one line for the user."""
 
 
 def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
@@ -102,3 +111,79 @@ def config_differences(
       if field not in RESUMABLE_CHANGES
       and (field in saved, saved.get(field)) != (field in now, now.get(field))
   ]
+
+
+def prepare_workdir(workdir: str) -> None:
+  """Creates `workdir` if need be and checks that files can be written in it."""
+  probe = os.path.join(workdir, f'.write_test.{os.getpid()}')
+  try:
+    tf.io.gfile.makedirs(workdir)
+    with tf.io.gfile.GFile(probe, 'w') as f:
+      f.write('')
+    tf.io.gfile.remove(probe)
+  except tf.errors.OpError as e:
+    raise WorkdirError(
+        f'cannot create or write the workdir {workdir} ({e.message}): '
+        'choose a --workdir that can be created and written'
+    ) from None
+
+
+def latest(config: ml_collections.ConfigDict, workdir: str, training=True):
+  """The checkpoints of `workdir` and the JSON of the latest, which `config` fits.
+
+  Returns:
+    The checkpoint manager, and the latest checkpoint's JSON item (None if
+    there is no checkpoint).
+
+  Raises:
+    WorkdirError: the checkpoint is of a config that differs in a field that
+      matters, or (`training`) is past `config.num_epochs`.
+  """
+  saved = manager(workdir, config.checkpoints_to_keep)
+  meta = latest_meta(saved)
+  if meta is None:
+    return saved, None
+  at = position(meta['step'], meta['steps_per_epoch'])
+  start_afresh = f'use a new --workdir or move {saved.directory} away'
+  differences = config_differences(meta['config'], config)
+  if differences:
+    raise WorkdirError(
+        f'{saved.directory} holds a checkpoint ({at}) of another config: '
+        f'{"; ".join(differences)}; to start afresh, {start_afresh}'
+    )
+  if training and meta['step'] > config.num_epochs * meta['steps_per_epoch']:
+    raise WorkdirError(
+        f'{saved.directory} holds a checkpoint ({at}) past '
+        f'config.num_epochs={config.num_epochs}: raise num_epochs, or to start '
+        f'afresh, {start_afresh}'
+    )
+  return saved, meta
+
+
+def position(step: int, steps_per_epoch: int) -> str:
+  """Global `step` for the user: 'step 32, end of epoch 2', 'step 37, in epoch 3'."""
+  epoch, step_in_epoch = divmod(step, steps_per_epoch)
+  if not step_in_epoch:
+    return f'step {step}, end of epoch {epoch}'
+  return f'step {step}, in epoch {epoch + 1}'
+
+
+def divergence_message(
+    loss: float, step: int, steps_per_epoch: int, saved, learning_rate: float
+) -> str:
+  """What to say when the loss became `loss` (NaN or infinite) at global `step`.
+
+  `saved` is the run's checkpoint manager: its latest checkpoint, the last
+  one before the divergence, is kept.
+  """
+  latest_step = saved.latest_step()
+  kept = (
+      'no checkpoint was saved before it' if latest_step is None else
+      f'the last good checkpoint ({position(latest_step, steps_per_epoch)}) '
+      'is kept'
+  )
+  epoch = (step - 1) // steps_per_epoch + 1
+  return (
+      f'loss became {loss} at step {step} (epoch {epoch}); {kept}; try a '
+      f'lower learning rate, e.g. --config.learning_rate={learning_rate / 10:g}'
+  )

@@ -1,13 +1,19 @@
-"""Shared test fixtures: MNIST prepared by TFDS from the original files."""
+"""Shared test fixtures: MNIST prepared by TFDS from the original files.
+
+The tests read the four original MNIST files from $MNIST_MANUAL_DIR, else
+from ../shared/data/mnist beside the checkout. Where there are none, each
+test that needs them fails with one line naming the directory; the others
+run.
+"""
 
 import os
 import shutil
 
-import pytest
-
+import cpu_levers
 import export
 import input_pipeline
 import parallel
+import pytest
 import train
 from configs import default
 
@@ -19,10 +25,21 @@ SHARED_MNIST = os.path.join(
 
 @pytest.fixture(scope='session')
 def mnist_files() -> str:
-  """The directory of the original MNIST files; skips where there is none."""
-  if not os.path.isfile(os.path.join(SHARED_MNIST, 'train-images-idx3-ubyte.gz')):
-    pytest.skip(f'no MNIST files in {SHARED_MNIST}')
-  return SHARED_MNIST
+  """The directory of the original MNIST files."""
+  directory = os.environ.get(input_pipeline.MANUAL_DIR_ENV) or SHARED_MNIST
+  missing = [
+      name + '.gz'
+      for names in input_pipeline.IDX_FILES.values() for name in names
+      if not os.path.isfile(os.path.join(directory, name + '.gz'))
+  ]
+  if missing:
+    pytest.fail(
+        f'no MNIST files in {directory} (missing {", ".join(missing)}): put '
+        f'the originals there or name their directory in '
+        f'${input_pipeline.MANUAL_DIR_ENV}',
+        pytrace=False,
+    )
+  return directory
 
 
 @pytest.fixture(scope='session')
@@ -46,52 +63,56 @@ def copy_of_mnist_files(mnist_files, tmp_path) -> str:
   return str(directory)
 
 
-@pytest.fixture
+@pytest.fixture(scope='session')
 def small_config(mnist_data_dir):
-  """The default config on small slices of MNIST, for fast training runs."""
-  config = default.get_config()
-  config.data_dir = mnist_data_dir
-  config.train_split = 'train[:1024]'
-  config.test_split = 'test[:300]'
-  config.num_epochs = 1
-  config.batch_size = 64
-  config.eval_batch_size = 128
-  return config
+  """Makes the default config on small slices of MNIST, for fast runs.
+
+  `small_config(num_epochs=2, ...)` returns a fresh config each call, with
+  those fields changed: one epoch of 16 steps of 64 on 1,024 training
+  images, and 300 test images.
+  """
+
+  def make(**fields):
+    config = default.get_config()
+    config.update(
+        data_dir=mnist_data_dir, train_split='train[:1024]',
+        test_split='test[:300]', num_epochs=1, batch_size=64,
+        eval_batch_size=128,
+    )
+    config.update(fields)
+    return config
+
+  return make
 
 
 @pytest.fixture(scope='session')
-def trained_model(mnist_data_dir):
-  """The CNN after one epoch on 1,024 training images, in eval mode.
+def trained_model(small_config):
+  """The CNN after one epoch of `small_config`, in eval mode.
 
   Trained with train.py's own steps, so that exports of it are exports of a
   model as training leaves it (BatchNorm statistics included).
   """
-  config = default.get_config()
-  config.data_dir = mnist_data_dir
-  config.train_split = 'train[:1024]'
-  config.batch_size = 64
+  config = small_config()
   data, _ = input_pipeline.load(config)
   model = train.create_model(config)
   order = input_pipeline.epoch_order(config.seed, 1, 1024, config.batch_size)
   optimizer = train.create_optimizer(model, config, len(order))
-  train.train_epoch(
-      model, optimizer, train.create_metrics(), data, order,
-      config.steps_per_call, parallel.create_mesh(),
-  )
+  with cpu_levers.applied(config, model):
+    train.train_epoch(
+        model, optimizer, train.create_metrics(), data, order,
+        config.steps_per_call, parallel.create_mesh(),
+    )
   model.eval()
   return model
 
 
 @pytest.fixture(scope='session')
-def mnist_test_images(mnist_data_dir) -> tuple:
+def mnist_test_images(small_config) -> tuple:
   """The first 256 images of TFDS' test split, float32 in [0, 1], and labels.
 
   TFDS orders them its own way, not as the original files do.
   """
-  config = default.get_config()
-  config.data_dir = mnist_data_dir
-  config.test_split = 'test[:256]'
-  _, test = input_pipeline.load(config)
+  _, test = input_pipeline.load(small_config(test_split='test[:256]'))
   return test['image'], test['label']
 
 

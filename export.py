@@ -2,12 +2,18 @@
 
 TF Serving watches `<base>/<model name>/` and serves the highest integer
 version directory in it, so every export goes to a new version directory.
+`export_checkpoint` exports the model of a workdir's latest checkpoint
+(`main.py --mode=export`), without training.
 """
 
 import os
 
+from absl import logging
+import checkpoints
+import config_validation
 from flax import nnx
 import jax
+import ml_collections
 import models
 from orbax.export import ExportManager, JaxModule, ServingConfig
 import tensorflow as tf
@@ -58,3 +64,34 @@ def export_saved_model(model: models.CNN, model_dir: str) -> str:
   ExportManager(module, [serving]).save(path)
   return path
 
+
+def export_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """Exports the model of the latest checkpoint in `workdir`.
+
+  Returns:
+    The version directory written, under
+    `workdir/export/<config.export_model_name>/`.
+
+  Raises:
+    config_validation.ConfigError: a field of `config` is not allowed.
+    checkpoints.WorkdirError: no checkpoint, or one of another config.
+  """
+  config_validation.validate(config)
+  saved, meta = checkpoints.latest(config, workdir, training=False)
+  if meta is None:
+    raise checkpoints.WorkdirError(
+        f'no checkpoint in {saved.directory}: train first, with the same '
+        '--workdir and --config'
+    )
+  # Any initial values do: the checkpoint replaces them all.
+  model = models.CNN(dropout_rate=config.dropout_rate, rngs=nnx.Rngs(0))
+  checkpoints.restore(saved, meta['step'], model=model)
+  path = export_saved_model(
+      model, os.path.join(workdir, 'export', config.export_model_name)
+  )
+  logging.info(
+      'Exported the model of the checkpoint (%s) in %s to %s',
+      checkpoints.position(meta['step'], meta['steps_per_epoch']),
+      saved.directory, path,
+  )
+  return path

@@ -277,8 +277,30 @@ SOURCES = {
     'idx': from_idx,
 }
 
-# The splits the non-TFDS sources read: train or test, optionally sliced.
+# The splits of both data sets; the non-TFDS sources read one, optionally
+# sliced, TFDS any split in its syntax.
+SPLITS = ('train', 'test')
 _SPLIT = re.compile(r'(train|test)(?:\[(-?\d+%?)?:(-?\d+%?)?\])?')
+SPLIT_SYNTAX = {
+    'tfds': "a TFDS split of 'train' and 'test', like 'train[:10%]' or "
+            "'train[:50%]+test'",
+    **dict.fromkeys(
+        ('hf', 'torchvision', 'idx'),
+        "'train' or 'test', optionally sliced like 'train[:10%]' or "
+        "'test[100:600]'",
+    ),
+}
+
+
+def valid_split(data_source: str, split: str) -> bool:
+  """Whether `data_source` reads `split` (see SPLIT_SYNTAX)."""
+  if data_source != 'tfds':
+    return _SPLIT.fullmatch(split) is not None
+  try:
+    tfds.core.ReadInstruction.from_spec(split)
+  except ValueError:
+    return False
+  return all(part.split('[')[0] in SPLITS for part in split.split('+'))
 
 
 def _bound(bound: str | None, n: int) -> int | None:
@@ -297,13 +319,7 @@ def split_arrays(config: ml_collections.ConfigDict, split: str) -> Arrays:
   """
   if config.data_source == 'tfds':
     return from_tfds(config, split)
-  match = _SPLIT.fullmatch(split)
-  if not match:
-    raise DataError(
-        f"split {split!r}: data_source {config.data_source!r} reads 'train' or "
-        "'test', optionally sliced like 'train[:10%]' or 'test[100:600]'"
-    )
-  name, start, stop = match.groups()
+  name, start, stop = _SPLIT.fullmatch(split).groups()
   arrays = SOURCES[config.data_source](config, name)
   n = len(arrays['label'])
   # A copy, so that a small slice does not keep the whole split in memory.
@@ -316,17 +332,9 @@ def load(config: ml_collections.ConfigDict) -> tuple[Arrays, Arrays]:
 
   With several JAX processes (hosts), each trains on its own share of the
   training examples (TFDS reads only that share), and evaluates its part of
-  every test batch.
+  every test batch. `config` is one that `config_validation.validate`
+  passed.
   """
-  if config.data_source not in SOURCES:
-    raise DataError(
-        f'unknown data_source {config.data_source!r}: '
-        f'use one of {", ".join(SOURCES)}'
-    )
-  if config.dataset not in DATASETS:
-    raise DataError(
-        f'unknown dataset {config.dataset!r}: use one of {", ".join(DATASETS)}'
-    )
   if config.data_source == 'tfds':
     train = from_tfds(config, tfds.split_for_jax_process(config.train_split))
   else:

@@ -99,23 +99,6 @@ def test_corrupt_file_names_directory_and_file(copy_of_mnist_files, tmp_path):
   )
 
 
-def test_unknown_dataset_is_named(tmp_path):
-  config = _config(data_dir=str(tmp_path), dataset='mnits')
-  with pytest.raises(
-      input_pipeline.DataError,
-      match="^unknown dataset 'mnits': use one of mnist, fashion_mnist$",
-  ):
-    input_pipeline.load(config)
-
-
-def test_unknown_data_source_is_named():
-  with pytest.raises(
-      input_pipeline.DataError,
-      match="^unknown data_source 'tfsd': use one of tfds, hf, torchvision, idx$",
-  ):
-    input_pipeline.load(_config(data_source='tfsd'))
-
-
 # The other sources, on the same small real files.
 
 
@@ -154,7 +137,7 @@ def test_idx_source_reads_the_original_files(small_files):
 
 
 def test_hf_sources_give_the_idx_arrays(small_files, tmp_path):
-  datasets = pytest.importorskip('datasets')
+  import datasets  # pylint: disable=g-import-not-at-top
   from PIL import Image  # pylint: disable=g-import-not-at-top
 
   idx = _config(data_source='idx', manual_dir=small_files)
@@ -194,7 +177,8 @@ def test_hf_sources_give_the_idx_arrays(small_files, tmp_path):
 
 
 def test_torchvision_source_gives_the_idx_arrays(small_files, tmp_path):
-  pytest.importorskip('torchvision')
+  # Opt-in: torchvision brings PyTorch, which requirements.txt leaves out.
+  pytest.importorskip('torchvision', reason='opt-in: pip install torchvision')
   raw = tmp_path / 'MNIST' / 'raw'  # torchvision's layout, uncompressed.
   raw.mkdir(parents=True)
   for name in os.listdir(small_files):
@@ -237,14 +221,6 @@ def test_other_sources_slice_splits_like_tfds(small_files):
   )
   _assert_same(train, {k: v[:30] for k, v in whole.items()})
   _assert_same(test, {k: v[95:] for k, v in whole_test.items()})
-
-
-def test_other_sources_reject_other_splits(small_files):
-  config = _config(data_source='idx', manual_dir=small_files, train_split='validation')
-  with pytest.raises(
-      input_pipeline.DataError, match="^split 'validation': data_source 'idx'"
-  ):
-    input_pipeline.load(config)
 
 
 def test_truncated_idx_file_is_named(small_files):

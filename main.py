@@ -8,6 +8,7 @@ steps, saves a checkpoint there and exits with 143 (128 + SIGTERM), the
 status of a preempted job; the same command resumes it.
 """
 
+import os
 import signal
 import sys
 import threading
@@ -15,10 +16,14 @@ import threading
 from absl import app
 from absl import flags
 from absl import logging
+import checkpoints
 from clu import platform
+import config_validation
+import export
 import input_pipeline
 import jax
 from ml_collections import config_flags
+import orbax.checkpoint
 import tensorflow as tf
 import train
 
@@ -69,6 +74,28 @@ def parse_flags(argv: list[str]) -> list[str]:
     sys.exit(f'error: the config has no field {field}; {hint}')
 
 
+class QuietLibraries(logging.logging.Filter):
+  """Drops the INFO records of orbax and TensorFlow, which narrate their work.
+
+  Saving a checkpoint or a SavedModel logs dozens of lines (temporary
+  directories, handler registries, threads); the run logs one of its own
+  instead. WARNING and above always pass.
+  """
+
+  def __init__(self):
+    super().__init__()
+    orbax_dir = os.path.dirname(os.path.dirname(orbax.checkpoint.__file__))
+    self._dirs = (orbax_dir + os.sep, os.path.dirname(tf.__file__) + os.sep)
+
+  def filter(self, record) -> bool:
+    return record.levelno > logging.logging.INFO or not (
+        record.pathname.startswith(self._dirs)
+    )
+
+
+QUIET_LIBRARIES = QuietLibraries()
+
+
 def stop_on_sigterm() -> threading.Event:
   """An event that SIGTERM sets: the training loop polls it between dispatches."""
   stop = threading.Event()
@@ -80,6 +107,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError('Too many command-line arguments.')
 
+  if FLAGS.verbosity < 1:
+    logging.get_absl_handler().addFilter(QUIET_LIBRARIES)
   # Hide any GPUs from TensorFlow: it would otherwise reserve their memory,
   # which JAX needs.
   tf.config.experimental.set_visible_devices([], 'GPU')
@@ -105,13 +134,16 @@ def main(argv):
   stop = stop_on_sigterm()
   try:
     if FLAGS.mode == 'export':
-      train.export_checkpoint(FLAGS.config, FLAGS.workdir)
+      export.export_checkpoint(FLAGS.config, FLAGS.workdir)
     else:
       train.train_and_evaluate(FLAGS.config, FLAGS.workdir, stop.is_set)
   except train.Stopped as e:
     logging.warning('SIGTERM: %s', e)
     sys.exit(128 + signal.SIGTERM)
-  except (input_pipeline.DataError, train.TrainingError) as e:
+  except (
+      config_validation.ConfigError, checkpoints.WorkdirError,
+      input_pipeline.DataError, train.TrainingError,
+  ) as e:
     if FLAGS.verbosity >= 1:
       raise
     sys.exit(f'error: {e}')

@@ -1,4 +1,9 @@
-"""Tests of the command line: its errors, resuming after SIGKILL and SIGTERM, export."""
+"""Tests of the command line: its errors, resuming after SIGKILL and SIGTERM, export.
+
+The errors run `main.py`'s flag parsing and `main` in this process (what a
+subprocess would add is the interpreter printing the one line, which one
+test checks); the signals run real processes.
+"""
 
 import collections
 import glob
@@ -10,8 +15,11 @@ import signal
 import subprocess
 import sys
 
+from absl import flags
 from configs import default
 import checkpoints
+import config_validation
+import main
 import numpy as np
 import pytest
 import summaries
@@ -27,9 +35,38 @@ def _command(*args: str) -> list[str]:
 
 
 def _main(*args: str) -> subprocess.CompletedProcess:
+  """main.py in a process of its own."""
   return subprocess.run(
       _command(*args), capture_output=True, text=True, cwd=ROOT, timeout=300
   )
+
+
+@pytest.fixture
+def run_main(monkeypatch):
+  """Runs main.py's flag parsing and `main` in this process.
+
+  Returns what the process would exit with: 0, the status absl exits with,
+  or the one-line message that `sys.exit` prints before exiting with 1.
+  The flags that config_flags registers for the overrides, the flag values
+  and the SIGTERM handler are put back after each run.
+  """
+  monkeypatch.chdir(ROOT)
+  monkeypatch.setattr(signal, 'signal', lambda signum, handler: None)
+
+  def run(*args: str) -> int | str:
+    argv = ['main.py', *args]
+    monkeypatch.setattr(sys, 'argv', argv)  # config_flags reads it.
+    try:
+      main.main(main.parse_flags(argv))
+      return 0
+    except SystemExit as e:
+      return e.code
+    finally:
+      flags.FLAGS.unparse_flags()
+      for name in [n for n in flags.FLAGS if n.startswith('config.')]:
+        delattr(flags.FLAGS, name)
+
+  return run
 
 
 def _flags(config) -> list[str]:
@@ -57,12 +94,18 @@ def _snapshot(directory) -> dict[str, tuple]:
   return files
 
 
-def _assert_one_line_error(result, message: str) -> None:
-  """Exit status 1, and `message` (a regex) as the last line, no traceback."""
-  assert result.returncode == 1, result.stderr[-3000:]
-  assert 'Traceback' not in result.stderr
-  last = result.stderr.strip().splitlines()[-1]
-  assert re.fullmatch(message, last), last
+def _assert_one_line_error(status, message: str) -> None:
+  """The exit of a one-line error: `message` (a regex), and status 1.
+
+  `status` is `run_main`'s (the message `sys.exit` prints before exiting
+  with 1), or a process's.
+  """
+  if isinstance(status, subprocess.CompletedProcess):
+    assert status.returncode == 1, status.stderr[-3000:]
+    assert 'Traceback' not in status.stderr
+    status = status.stderr.strip().splitlines()[-1]
+  assert isinstance(status, str) and '\n' not in status, status
+  assert re.fullmatch(message, status), status
 
 
 def _assert_kept(before: dict, workdir) -> None:
@@ -71,21 +114,11 @@ def _assert_kept(before: dict, workdir) -> None:
   assert {k: after.get(k) for k in before} == before
 
 
-def _config(data_dir, **fields):
-  config = default.get_config()
-  config.update(
-      data_dir=data_dir, train_split='train[:256]', test_split='test[:300]',
-      batch_size=64, num_epochs=1,
-  )
-  config.update(fields)
-  return config
-
-
 @pytest.fixture(scope='module')
-def trained(mnist_data_dir, tmp_path_factory):
-  """A workdir after one epoch of `_config`: summaries, checkpoint, export."""
+def trained(small_config, tmp_path_factory):
+  """A workdir after one epoch of 4 steps: summaries, checkpoint, export."""
   workdir = str(tmp_path_factory.mktemp('trained') / 'workdir')
-  config = _config(mnist_data_dir)
+  config = small_config(train_split='train[:256]')
   summary = train.train_and_evaluate(config, workdir)
   return config, workdir, summary
 
@@ -99,25 +132,27 @@ def workdir(trained, tmp_path):
   return config, copy, _snapshot(copy)
 
 
-def test_workdir_is_required():
-  result = _main('--config=configs/default.py')
-  assert result.returncode != 0
-  assert 'Flag --workdir must have a value other than None' in result.stderr
+def test_workdir_is_required(run_main, capsys):
+  assert run_main('--config=configs/default.py') == 1
+  assert 'Flag --workdir must have a value other than None' in (
+      capsys.readouterr().err
+  )
 
 
-def test_config_is_required(tmp_path):
-  result = _main(f'--workdir={tmp_path}')
-  assert result.returncode != 0
-  assert 'Flag --config must have a value other than None' in result.stderr
+def test_config_is_required(run_main, capsys, tmp_path):
+  assert run_main(f'--workdir={tmp_path}') == 1
+  assert 'Flag --config must have a value other than None' in (
+      capsys.readouterr().err
+  )
 
 
-def test_unknown_config_field_is_rejected(tmp_path):
-  result = _main(
+def test_unknown_config_field_is_rejected(run_main, tmp_path):
+  status = run_main(
       f'--workdir={tmp_path}', '--config=configs/default.py',
       '--config.learning_rat=0.05',
   )
   _assert_one_line_error(
-      result,
+      status,
       "error: the config has no field 'learning_rat'; did you mean "
       '"learning_rate" instead of "learning_rat"\\?',
   )
@@ -128,95 +163,107 @@ def test_unknown_config_field_is_rejected(tmp_path):
     ('learning_rate', '-0.1', 'a number > 0'),
     ('batch_size', '0', 'an integer > 0'),
     ('num_epochs', '0', 'an integer > 0'),
+    ('dataset', 'mnits', "one of 'mnist', 'fashion_mnist'"),
+    ('lr_schedule', 'cosine', "one of 'constant', 'one_cycle'"),
+    ('train_split', 'trian[:10%]', "a TFDS split of 'train' and 'test', like "
+                                   "'train[:10%]' or 'train[:50%]+test'"),
 ])
-def test_bad_values_are_named_with_what_is_allowed(workdir, field, value, allowed):
+def test_bad_values_are_named_with_what_is_allowed(
+    run_main, workdir, field, value, allowed
+):
   config, directory, before = workdir
-  result = _main(f'--workdir={directory}', *_flags(config), f'--config.{field}={value}')
-  _assert_one_line_error(
-      result, re.escape(f'error: config.{field}={value} is not allowed: use {allowed}')
+  status = run_main(
+      f'--workdir={directory}', *_flags(config), f'--config.{field}={value}'
   )
+  shown = repr(value) if field in ('dataset', 'lr_schedule', 'train_split') else value
+  _assert_one_line_error(status, re.escape(
+      f'error: config.{field}={shown} is not allowed: use {allowed}'
+  ))
   _assert_kept(before, directory)
   assert len(_snapshot(directory)) == len(before)
 
 
-def test_traceback_with_verbosity_1(workdir):
+def test_a_real_process_prints_the_one_line_and_exits_1(workdir):
   config, directory, before = workdir
   result = _main(
-      f'--workdir={directory}', *_flags(config), '--config.batch_size=0',
-      '--verbosity=1',
+      f'--workdir={directory}', *_flags(config), '--config.batch_size=0'
   )
-  assert result.returncode == 1
-  assert 'Traceback' in result.stderr
-  assert 'TrainingError: config.batch_size=0 is not allowed' in result.stderr
+  _assert_one_line_error(result, re.escape(
+      'error: config.batch_size=0 is not allowed: use an integer > 0'
+  ))
   _assert_kept(before, directory)
 
 
-def test_batch_size_larger_than_the_data(mnist_data_dir, tmp_path):
+def test_traceback_with_verbosity_1(run_main, workdir):
+  config, directory, before = workdir
+  with pytest.raises(
+      config_validation.ConfigError,
+      match='^config.batch_size=0 is not allowed',
+  ):
+    run_main(
+        f'--workdir={directory}', *_flags(config), '--config.batch_size=0',
+        '--verbosity=1',
+    )
+  _assert_kept(before, directory)
+
+
+def test_batch_size_larger_than_the_data(run_main, small_config, tmp_path):
   (tmp_path / 'notes.txt').write_text('kept')
   before = _snapshot(tmp_path)
-  config = _config(mnist_data_dir, batch_size=300)
-  result = _main(f'--workdir={tmp_path}', *_flags(config))
-  _assert_one_line_error(
-      result, re.escape(
-          "error: config.batch_size=300 is larger than the 256 examples of "
-          "config.train_split='train[:256]': use at most 256"
-      ),
-  )
+  config = small_config(train_split='train[:256]', batch_size=300)
+  status = run_main(f'--workdir={tmp_path}', *_flags(config))
+  _assert_one_line_error(status, re.escape(
+      "error: config.batch_size=300 is larger than the 256 examples of "
+      "config.train_split='train[:256]': use at most 256"
+  ))
   assert _snapshot(tmp_path) == before
 
 
-def test_unknown_dataset(tmp_path, mnist_data_dir):
-  result = _main(
-      f'--workdir={tmp_path}', *_flags(_config(mnist_data_dir, dataset='mnits'))
-  )
-  _assert_one_line_error(result, "error: unknown dataset 'mnits': use .*")
-
-
-def test_workdir_that_cannot_be_created(tmp_path):
+def test_workdir_that_cannot_be_created(run_main, tmp_path):
   (tmp_path / 'file').write_text('kept')
-  result = _main(f'--workdir={tmp_path / "file" / "w"}', '--config=configs/default.py')
-  _assert_one_line_error(
-      result, re.escape(
-          f'error: cannot create or write the workdir {tmp_path / "file" / "w"} '
-          f'({tmp_path / "file"} is not a directory): choose a --workdir that '
-          'can be created and written'
-      ),
+  status = run_main(
+      f'--workdir={tmp_path / "file" / "w"}', '--config=configs/default.py'
   )
+  _assert_one_line_error(status, re.escape(
+      f'error: cannot create or write the workdir {tmp_path / "file" / "w"} '
+      f'({tmp_path / "file"} is not a directory): choose a --workdir that '
+      'can be created and written'
+  ))
   assert (tmp_path / 'file').read_text() == 'kept'
 
 
-def test_checkpoint_of_another_config(workdir):
+def test_checkpoint_of_another_config(run_main, workdir):
   config, directory, before = workdir
-  result = _main(
+  status = run_main(
       f'--workdir={directory}', *_flags(config), '--config.learning_rate=0.05',
       '--config.seed=1', '--config.num_epochs=2',
   )
   checkpoints_dir = os.path.join(directory, 'checkpoints')
-  _assert_one_line_error(
-      result, re.escape(
-          f'error: {checkpoints_dir} holds a checkpoint (step 4, end of epoch 1) '
-          'of another config: learning_rate 0.1 -> 0.05; seed 0 -> 1; to start '
-          f'afresh, use a new --workdir or move {checkpoints_dir} away'
-      ),
-  )
+  _assert_one_line_error(status, re.escape(
+      f'error: {checkpoints_dir} holds a checkpoint (step 4, end of epoch 1) '
+      'of another config: learning_rate 0.1 -> 0.05; seed 0 -> 1; to start '
+      f'afresh, use a new --workdir or move {checkpoints_dir} away'
+  ))
   _assert_kept(before, directory)
 
 
-def test_missing_data_is_one_line_error(workdir, tmp_path):
+def test_missing_data_is_one_line_error(run_main, workdir, tmp_path):
   config, directory, before = workdir
-  result = _main(
+  status = run_main(
       f'--workdir={directory}', *_flags(config),
       f'--config.data_dir={tmp_path / "tfds"}',
       f'--config.manual_dir={tmp_path / "empty"}',
   )
   _assert_one_line_error(
-      result, re.escape(f'error: {tmp_path / "empty"}: missing t10k-images') + '.*'
+      status, re.escape(f'error: {tmp_path / "empty"}: missing t10k-images') + '.*'
   )
   _assert_kept(before, directory)
 
 
 @pytest.mark.parametrize('damage', ['truncated', 'one byte changed'])
-def test_corrupt_data_file(workdir, copy_of_mnist_files, tmp_path, damage):
+def test_corrupt_data_file(
+    run_main, workdir, copy_of_mnist_files, tmp_path, damage
+):
   config, directory, before = workdir
   path = os.path.join(copy_of_mnist_files, 'train-images-idx3-ubyte.gz')
   with open(path, 'r+b') as f:
@@ -227,34 +274,34 @@ def test_corrupt_data_file(workdir, copy_of_mnist_files, tmp_path, damage):
       byte = f.read(1)
       f.seek(5000)
       f.write(bytes([byte[0] ^ 1]))
-  result = _main(
+  status = run_main(
       f'--workdir={directory}', *_flags(config),
       f'--config.data_dir={tmp_path / "tfds"}',
       f'--config.manual_dir={copy_of_mnist_files}',
   )
-  _assert_one_line_error(
-      result, re.escape(
-          f'error: {copy_of_mnist_files}: train-images-idx3-ubyte.gz does not '
-          'match the size and SHA-256 that TFDS registers for mnist: the file '
-          'is corrupt, truncated or recompressed; replace it with the original, '
-          "or read the files with data_source='idx', which checks their "
-          'contents instead'
-      ),
-  )
+  _assert_one_line_error(status, re.escape(
+      f'error: {copy_of_mnist_files}: train-images-idx3-ubyte.gz does not '
+      'match the size and SHA-256 that TFDS registers for mnist: the file '
+      'is corrupt, truncated or recompressed; replace it with the original, '
+      "or read the files with data_source='idx', which checks their "
+      'contents instead'
+  ))
   _assert_kept(before, directory)
 
 
 def test_loss_that_becomes_nan_keeps_the_last_good_checkpoint(
-    mnist_data_dir, tmp_path
+    run_main, small_config, tmp_path
 ):
   # With this learning rate, epoch 1 ends finite and epoch 2 diverges.
-  config = _config(mnist_data_dir, learning_rate=3.0)
+  config = small_config(train_split='train[:256]', learning_rate=3.0)
   directory = str(tmp_path / 'workdir')
   train.train_and_evaluate(config, directory)
   before = _snapshot(directory)
-  result = _main(f'--workdir={directory}', *_flags(config), '--config.num_epochs=3')
+  status = run_main(
+      f'--workdir={directory}', *_flags(config), '--config.num_epochs=3'
+  )
   _assert_one_line_error(
-      result, re.escape('error: loss became nan at step ') + '[5-8]' + re.escape(
+      status, re.escape('error: loss became nan at step ') + '[5-8]' + re.escape(
           ' (epoch 2); the last good checkpoint (step 4, end of epoch 1) is '
           'kept; try a lower learning rate, e.g. --config.learning_rate=0.3'
       ),
@@ -263,10 +310,9 @@ def test_loss_that_becomes_nan_keeps_the_last_good_checkpoint(
   assert os.listdir(os.path.join(directory, 'checkpoints')) == ['4']
 
 
-def test_export_of_a_finished_workdir(workdir, mnist_test_images):
+def test_export_of_a_finished_workdir(run_main, workdir, mnist_test_images):
   config, directory, before = workdir
-  result = _main(f'--workdir={directory}', *_flags(config), '--mode=export')
-  assert result.returncode == 0, result.stderr[-3000:]
+  assert run_main(f'--workdir={directory}', *_flags(config), '--mode=export') == 0
   _assert_kept(before, directory)
   # Version 1 is the export of the trained model itself, at the end of training.
   images = tf.constant(mnist_test_images[0])
@@ -278,33 +324,34 @@ def test_export_of_a_finished_workdir(workdir, mnist_test_images):
   np.testing.assert_array_equal(logits[1], logits[0])
 
 
-def test_export_without_a_checkpoint(tmp_path):
-  result = _main(f'--workdir={tmp_path}', '--config=configs/default.py', '--mode=export')
-  _assert_one_line_error(
-      result, re.escape(
-          f'error: no checkpoint in {tmp_path / "checkpoints"}: train first, '
-          'with the same --workdir and --config'
-      ),
+def test_export_without_a_checkpoint(run_main, tmp_path):
+  status = run_main(
+      f'--workdir={tmp_path}', '--config=configs/default.py', '--mode=export'
   )
+  _assert_one_line_error(status, re.escape(
+      f'error: no checkpoint in {tmp_path / "checkpoints"}: train first, '
+      'with the same --workdir and --config'
+  ))
 
 
 # Resuming: a run killed in the middle of epoch 2 of 3, then rerun, ends with
 # the same metrics as an uninterrupted one.
 
 
-def _resume_config(data_dir):
-  # 64 steps an epoch, 8 per dispatch, a progress line after each.
-  return _config(
-      data_dir, train_split='train[:2048]', batch_size=32, num_epochs=3,
+@pytest.fixture(scope='module')
+def resume_config(small_config):
+  """64 steps an epoch, 8 per dispatch, a progress line after each."""
+  return small_config(
+      train_split='train[:2048]', batch_size=32, num_epochs=3,
       steps_per_call=8, progress_every_secs=0.01,
   )
 
 
 @pytest.fixture(scope='module')
-def uninterrupted(mnist_data_dir, tmp_path_factory):
-  """The final summary of an uninterrupted run of `_resume_config`."""
+def uninterrupted(resume_config, tmp_path_factory):
+  """The final summary of an uninterrupted run of `resume_config`."""
   workdir = str(tmp_path_factory.mktemp('uninterrupted'))
-  return train.train_and_evaluate(_resume_config(mnist_data_dir), workdir)
+  return train.train_and_evaluate(resume_config, workdir)
 
 
 def _run_until_mid_epoch_2(workdir, config, sig) -> tuple[int, str]:
@@ -339,6 +386,9 @@ def _assert_resumes_to(workdir, config, expected) -> None:
   result = _main(f'--workdir={workdir}', *_flags(config))
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'Resuming from the checkpoint (step ' in result.stderr
+  # The run's own line for each checkpoint; orbax's are left out.
+  assert 'Saved a checkpoint (step 192, end of epoch 3) in ' in result.stderr
+  assert 'checkpoint_manager.py' not in result.stderr
   scalars = summaries.read_scalars(workdir)
   assert {tag: scalars[tag][3][0] for tag in TAGS} == {
       tag: expected[tag] for tag in TAGS
@@ -347,9 +397,9 @@ def _assert_resumes_to(workdir, config, expected) -> None:
 
 
 def test_sigkill_in_the_middle_of_an_epoch_loses_only_that_epoch(
-    mnist_data_dir, uninterrupted, tmp_path
+    resume_config, uninterrupted, tmp_path
 ):
-  config, workdir = _resume_config(mnist_data_dir), str(tmp_path / 'workdir')
+  config, workdir = resume_config, str(tmp_path / 'workdir')
   status, _ = _run_until_mid_epoch_2(workdir, config, signal.SIGKILL)
   assert status == -signal.SIGKILL
   assert checkpoints.manager(workdir).all_steps() == [64]  # End of epoch 1.
@@ -357,9 +407,9 @@ def test_sigkill_in_the_middle_of_an_epoch_loses_only_that_epoch(
 
 
 def test_sigterm_saves_where_it_is_and_exits_cleanly(
-    mnist_data_dir, uninterrupted, tmp_path
+    resume_config, uninterrupted, tmp_path
 ):
-  config, workdir = _resume_config(mnist_data_dir), str(tmp_path / 'workdir')
+  config, workdir = resume_config, str(tmp_path / 'workdir')
   status, stderr = _run_until_mid_epoch_2(workdir, config, signal.SIGTERM)
   assert status == 128 + signal.SIGTERM, stderr[-3000:]
   assert 'Traceback' not in stderr

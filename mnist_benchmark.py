@@ -5,7 +5,7 @@ Opt-in, not part of the tests:
   python mnist_benchmark.py --workdir=DIR --config=configs/default.py \
       [--config.num_epochs=2 ...] [--reference]
 
-`--reference` trains with the Flax example's loop instead (`reference_loop.py`),
+`--reference` trains with the Flax example's loop instead (`tools/reference_loop.py`),
 the baseline that speed-ups are measured against.
 
 Prints a report, then one JSON object as its last line. Exits non-zero when
@@ -21,8 +21,8 @@ import time
 from absl import app
 from absl import flags
 import main
-import reference_loop
 import summaries
+from tools import reference_loop
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool('reference', False, "Train with the Flax example's loop.")

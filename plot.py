@@ -17,7 +17,6 @@ import summaries
 FLAGS = flags.FLAGS
 flags.DEFINE_string('workdir', None, 'Workdir of a run (its summaries).')
 flags.DEFINE_string('out', 'curves.png', 'Path of the PNG to write.')
-flags.mark_flag_as_required('workdir')
 
 SIZE = (10, 4)  # Inches; at DPI dots per inch, a 1000x400 PNG.
 DPI = 100
@@ -57,4 +56,6 @@ def main(argv) -> None:
 
 
 if __name__ == '__main__':
+  # Here, not on import: importing the module (its tests) needs no flags.
+  flags.mark_flag_as_required('workdir')
   app.run(main)

@@ -44,7 +44,6 @@ flags.DEFINE_string('signature', 'serving_default', 'Signature to call.')
 flags.DEFINE_bool('invert', False, 'Images are dark digits on light ground.')
 flags.DEFINE_bool('json', False, 'Print one JSON object per image.')
 flags.DEFINE_float('timeout', 10.0, 'Seconds to wait for a server.')
-flags.mark_flags_as_mutual_exclusive(['saved_model', 'server', 'grpc'], True)
 
 # What the exported signatures take (see export.py; not imported from there,
 # which would import JAX).
@@ -363,4 +362,6 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  # Here, not on import: importing the module (its tests) needs no flags.
+  flags.mark_flags_as_mutual_exclusive(['saved_model', 'server', 'grpc'], True)
   app.run(main)

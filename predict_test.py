@@ -19,7 +19,6 @@ import threading
 
 import grpc
 import input_pipeline
-import mnist_pngs
 import numpy as np
 from PIL import Image
 import predict
@@ -27,6 +26,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
+from tools import mnist_pngs
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # A bound on the loopback servers' lives, should a test run never tear down.

@@ -1,10 +1,11 @@
-"""TensorBoard summaries beyond the scalars, and reading summaries back.
+"""TensorBoard summaries: the writer, the images and texts, reading them back.
 
-The images (mistakes, confusion matrix) are drawn here as uint8 RGB arrays
-(matplotlib draws into an Agg canvas of its own: no display, no pyplot state)
-and written through clu's metric writer, like the scalars; train.py calls the
-`write_*` functions. `read_scalars` and `read_images` read a workdir's event
-files back, for plot.py, the benchmark and the tests.
+`create_writer` gives the run's clu metric writer, which leaves out what an
+interrupted run already wrote. The images (mistakes, confusion matrix) are
+drawn here as uint8 RGB arrays (matplotlib draws into an Agg canvas of its
+own: no display, no pyplot state) and written through that writer, like the
+scalars; train.py calls the `write_*` functions. `read_scalars`, `read_images` and `read_texts` read a
+workdir's event files back, for plot.py, the benchmark and the tests.
 """
 
 import os
@@ -28,6 +29,57 @@ SCALE = 3
 CAPTION = 16
 HEADER = 20
 NUM_CLASSES = 10
+
+
+class NewStepsWriter:
+  """A metric writer that writes each tag only past a given step.
+
+  A resumed run repeats the steps after its checkpoint. Those that the
+  interrupted run summarised already (the same values: they are
+  deterministic) are not summarised twice.
+  """
+
+  def __init__(
+      self, writer: metric_writers.MetricWriter, last: dict[str, int]
+  ):
+    self._writer, self._last = writer, last
+
+  def _new(self, step: int, values: dict) -> dict:
+    return {
+        k: v for k, v in values.items()
+        if k not in self._last or step > self._last[k]
+    }
+
+  def write_scalars(self, step: int, scalars: dict) -> None:
+    if new := self._new(step, scalars):
+      self._writer.write_scalars(step, new)
+
+  def write_images(self, step: int, images: dict) -> None:
+    if new := self._new(step, images):
+      self._writer.write_images(step, new)
+
+  def write_texts(self, step: int, texts: dict) -> None:
+    if new := self._new(step, texts):
+      self._writer.write_texts(step, new)
+
+  def flush(self) -> None:
+    self._writer.flush()
+
+
+def create_writer(
+    workdir: str, config: ml_collections.ConfigDict
+) -> NewStepsWriter:
+  """The writer of `workdir`'s summaries; the hyperparameters on a fresh start.
+
+  Only process 0 writes event files; the others log.
+  """
+  last = last_steps(workdir)
+  writer = metric_writers.create_default_writer(
+      workdir, just_logging=jax.process_index() > 0
+  )
+  if not last:
+    writer.write_hparams(config.to_dict())
+  return NewStepsWriter(writer, last)
 
 
 def misclassified_grid(
@@ -104,14 +156,17 @@ def write_run_info(
 
 
 def write_epoch(
-    writer: metric_writers.MetricWriter, epoch: int, test: dict[str, np.ndarray],
-    predicted: np.ndarray, learning_rate, steps_done: int,
+    writer: metric_writers.MetricWriter, epoch: int, scalars: dict[str, float],
+    test: dict[str, np.ndarray], predicted: np.ndarray, learning_rate,
+    steps_done: int, last: bool,
 ) -> None:
-  """The epoch's misclassified test digits, and its rate if it is scheduled.
+  """All of an epoch's summaries, flushed.
 
-  The rate written is that of the epoch's last step; a constant rate is
-  among the hyperparameters already.
+  Its `scalars`; its misclassified test digits; its learning rate (that of
+  its last step) if it is scheduled, since a constant rate is among the
+  hyperparameters already; after the `last` epoch, the confusion matrix.
   """
+  writer.write_scalars(epoch, scalars)
   grid = misclassified_grid(
       test['image'], test['label'], predicted, title=f'epoch {epoch}: '
   )
@@ -120,17 +175,13 @@ def write_epoch(
     writer.write_scalars(
         epoch, {'learning_rate': float(learning_rate(steps_done - 1))}
     )
-
-
-def write_confusion_matrix(
-    writer: metric_writers.MetricWriter, epoch: int, labels: np.ndarray,
-    predicted: np.ndarray,
-) -> None:
-  """The test set's confusion matrix after the last epoch, as an image."""
-  image = confusion_matrix_image(
-      confusion_matrix(labels, predicted), title=f'test set after epoch {epoch}'
-  )
-  writer.write_images(epoch, {'confusion_matrix': image[None]})
+  if last:
+    matrix = confusion_matrix_image(
+        confusion_matrix(test['label'], predicted),
+        title=f'test set after epoch {epoch}',
+    )
+    writer.write_images(epoch, {'confusion_matrix': matrix[None]})
+  writer.flush()
 
 
 def _events(workdir: str):
@@ -177,3 +228,12 @@ def read_images(workdir: str) -> dict[str, dict[int, bytes]]:
     if value.metadata.plugin_data.plugin_name == 'images':
       images.setdefault(value.tag, {})[step] = tf.make_ndarray(value.tensor)[2]
   return images
+
+
+def read_texts(workdir: str) -> dict[str, str]:
+  """tag -> the last text summary of that tag in `workdir` (markdown)."""
+  texts = {}
+  for _, _, value in _events(workdir):
+    if value.metadata.plugin_data.plugin_name == 'text':
+      texts[value.tag] = tf.make_ndarray(value.tensor).item().decode()
+  return texts

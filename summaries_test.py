@@ -38,14 +38,6 @@ def test_confusion_matrix_counts_true_by_predicted():
   assert matrix[0, 1] == 1 and matrix[9, 4] == 1 and matrix[9, 9] == 2
 
 
-def _texts(workdir):
-  texts = {}
-  for _, _, value in summaries._events(workdir):
-    if value.metadata.plugin_data.plugin_name == 'text':
-      texts[value.tag] = tf.make_ndarray(value.tensor).item().decode()
-  return texts
-
-
 def test_summaries_are_written_and_read_back(tmp_path):
   workdir = str(tmp_path)
   writer = metric_writers.create_default_writer(workdir)
@@ -55,10 +47,12 @@ def test_summaries_are_written_and_read_back(tmp_path):
   predicted = (labels + 1) % 10
   schedule = optax.linear_schedule(1.0, 0.0, 100)
   test = {'image': _digits(10), 'label': labels}
-  summaries.write_epoch(writer, 1, test, predicted, schedule, 50)
-  summaries.write_epoch(writer, 2, test, labels, 0.1, 100)
-  summaries.write_confusion_matrix(writer, 2, labels, predicted)
-  writer.flush()
+  summaries.write_epoch(
+      writer, 1, {'test_loss': 0.5}, test, predicted, schedule, 50, last=False
+  )
+  summaries.write_epoch(
+      writer, 2, {'test_loss': 0.25}, test, predicted, 0.1, 100, last=True
+  )
 
   images = summaries.read_images(workdir)
   assert sorted(images['misclassified']) == [1, 2]
@@ -69,6 +63,7 @@ def test_summaries_are_written_and_read_back(tmp_path):
   scalars = summaries.read_scalars(workdir)
   assert list(scalars['learning_rate']) == [1]
   assert scalars['learning_rate'][1][0] == pytest.approx(0.51)
-  texts = _texts(workdir)
+  assert {s: v for s, (v, _) in scalars['test_loss'].items()} == {1: 0.5, 2: 0.25}
+  texts = summaries.read_texts(workdir)
   assert texts['num_params'] == '16 parameters'
   assert 'learning_rate: 0.1' in texts['config']

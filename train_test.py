@@ -2,48 +2,32 @@
 
 import logging
 import os
-import subprocess
-import sys
 
 import checkpoints
+import cpu_levers
 from flax import nnx
 import input_pipeline
 import jax
-import parallel
 import numpy as np
+import parallel
 import pytest
 import summaries
 import tensorflow as tf
 import train
 
 
-def _test_batches(config):
-  _, test = input_pipeline.load(config)
-  return test, input_pipeline.eval_batches(test, config.eval_batch_size)
-
-
 def test_evaluate_counts_every_test_example_once(small_config):
-  config = small_config
-  config.test_split = 'test[:300]'  # 2 batches of 128 and one of 44.
-  _, batches = _test_batches(config)
+  # 2 batches of 128 and one of 44, padded.
+  config = small_config(test_split='test[:300]')
+  _, test = input_pipeline.load(config)
+  batches = input_pipeline.eval_batches(test, config.eval_batch_size)
   model = train.create_model(config)
-  metrics = train.create_metrics()
-  model.eval()
-  graphdef, state = nnx.split((model, metrics))
-  state, predicted = train._eval_batches(graphdef, state, batches)
-  nnx.update((model, metrics), state)
-  assert predicted.shape == (3, 128)
-  assert int(metrics.accuracy.count) == 300
-  assert int(metrics.loss.count) == 300
 
-
-def test_evaluate_matches_unpadded_metrics(small_config):
-  config = small_config
-  test, batches = _test_batches(config)
-  model = train.create_model(config)
-  got, predicted = train.evaluate_and_predict(model, train.create_metrics(), batches)
-  assert len(test['label']) == 300
-  logits = np.asarray(model(test['image']))
+  got, predicted = train.evaluate_and_predict(
+      model, train.create_metrics(), batches
+  )
+  logits = np.asarray(model(test['image']))  # In eval mode, as evaluated.
+  assert batches['image'].shape[:2] == (3, 128)
   np.testing.assert_array_equal(predicted, logits.argmax(-1))
   expected_accuracy = np.mean(logits.argmax(-1) == test['label'])
   logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
@@ -52,29 +36,9 @@ def test_evaluate_matches_unpadded_metrics(small_config):
   assert got['loss'] == pytest.approx(expected_loss, rel=1e-5)
 
 
-def test_unrolled_threefry_draws_the_same_bits():
-  # A fresh process keeps JAX's own (rolled) CPU lowering.
-  script = (
-      'import jax, numpy as np, sys\n'
-      'key = jax.random.key(7)\n'
-      'np.save(sys.argv[1], jax.random.bernoulli(key, 0.975, (64, 28, 28, 32)))\n'
-  )
-  path = os.path.join(os.environ.get('TMPDIR', '/tmp'), f'bits{os.getpid()}.npy')
-  subprocess.run([sys.executable, '-c', script, path], check=True)
-  expected = np.load(path)
-  os.remove(path)
-  train.unroll_threefry_on_cpu()
-  got = jax.jit(jax.random.bernoulli, static_argnums=(1, 2))(
-      jax.random.key(7), 0.975, (64, 28, 28, 32)
-  )
-  np.testing.assert_array_equal(np.asarray(got), expected)
-
-
 def _reference_steps(config, images, labels, order):
   """The Flax example's loop: the stock `nnx.Conv`, an `nnx.jit` step a batch."""
   model = train.create_model(config)
-  for conv in (model.conv1, model.conv2):
-    conv.conv_general_dilated = jax.lax.conv_general_dilated
   optimizer = train.create_optimizer(model, config, len(order))
   metrics = train.create_metrics()
   step = nnx.jit(train.train_step)
@@ -85,7 +49,7 @@ def _reference_steps(config, images, labels, order):
 
 
 def test_fast_steps_match_the_straightforward_loop(small_config):
-  config = small_config
+  config = small_config()
   data, _ = input_pipeline.load(config)
   order = input_pipeline.epoch_order(config.seed, 1, 1024, config.batch_size)[:6]
   expected, expected_metrics = _reference_steps(
@@ -94,10 +58,11 @@ def test_fast_steps_match_the_straightforward_loop(small_config):
   model = train.create_model(config)
   optimizer = train.create_optimizer(model, config, len(order))
   metrics = train.create_metrics()
-  # Two dispatches of three scanned steps each.
-  train.train_epoch(
-      model, optimizer, metrics, data, order, 3, parallel.create_mesh()
-  )
+  # Two dispatches of three scanned steps each, with the CPU levers.
+  with cpu_levers.applied(config, model):
+    train.train_epoch(
+        model, optimizer, metrics, data, order, 3, parallel.create_mesh()
+    )
   got, want = nnx.state(model), nnx.state(expected)
   for (path, a), (_, b) in zip(
       jax.tree_util.tree_leaves_with_path(got), jax.tree_util.tree_leaves_with_path(want)
@@ -105,16 +70,15 @@ def test_fast_steps_match_the_straightforward_loop(small_config):
     if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
       a, b = jax.random.key_data(a), jax.random.key_data(b)
     np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5, err_msg=str(path))
-  assert train._compute(metrics) == pytest.approx(
-      train._compute(expected_metrics), rel=1e-5
+  assert train.compute_metrics(metrics) == pytest.approx(
+      train.compute_metrics(expected_metrics), rel=1e-5
   )
 
 
 def test_train_and_evaluate_logs_summarises_and_exports(
     small_config, tmp_path, caplog
 ):
-  config = small_config
-  config.num_epochs = 2
+  config = small_config(num_epochs=2)
   workdir = str(tmp_path / 'workdir')
   with caplog.at_level(logging.INFO, logger='absl'):
     summary = train.train_and_evaluate(config, workdir)
@@ -151,19 +115,18 @@ def test_train_and_evaluate_logs_summarises_and_exports(
 
 
 def test_runs_with_the_same_config_give_the_same_metrics(small_config, tmp_path):
-  first = train.train_and_evaluate(small_config, str(tmp_path / 'a'))
-  second = train.train_and_evaluate(small_config, str(tmp_path / 'b'))
+  first = train.train_and_evaluate(small_config(), str(tmp_path / 'a'))
+  second = train.train_and_evaluate(small_config(), str(tmp_path / 'b'))
   assert first == second
-  small_config.seed = 1
-  assert train.train_and_evaluate(small_config, str(tmp_path / 'c')) != first
+  third = train.train_and_evaluate(small_config(seed=1), str(tmp_path / 'c'))
+  assert third != first
 
 
 def test_checkpoints_every_few_epochs_and_a_finished_run_only_exports(
     small_config, tmp_path, caplog
 ):
-  config = small_config  # 16 steps an epoch.
-  config.num_epochs = 3
-  config.checkpoint_every_epochs = 2
+  # 16 steps an epoch.
+  config = small_config(num_epochs=3, checkpoint_every_epochs=2)
   workdir = str(tmp_path / 'workdir')
   summary = train.train_and_evaluate(config, workdir)
   assert checkpoints.manager(workdir).all_steps() == [32, 48]  # Epoch 2, the last.
@@ -180,7 +143,7 @@ def test_checkpoints_every_few_epochs_and_a_finished_run_only_exports(
 
   config.num_epochs = 2
   directory = os.path.join(workdir, 'checkpoints')
-  with pytest.raises(train.TrainingError) as error:
+  with pytest.raises(checkpoints.WorkdirError) as error:
     train.train_and_evaluate(config, workdir)
   assert str(error.value) == (
       f'{directory} holds a checkpoint (step 48, end of epoch 3) past '

@@ -2,15 +2,15 @@
 
 Opt-in, not part of the tests:
 
-  python step_benchmark.py [--steps=78] [--rounds=3]
+  python -m tools.step_benchmark [--steps=78] [--rounds=3]
 
-Each variant runs in a fresh process (the threefry lowering is per process),
-variants alternate round by round, and the median per variant is reported
+Each variant runs in a fresh process, variants alternate round by round, and the median per variant is reported
 with its ratio to the Flax example's loop. Batches are 128 random images
 (step time does not depend on pixel values); each variant compiles and warms
 up before it is timed. Prints a table, then one JSON object as its last line.
 """
 
+import contextlib
 import json
 import os
 import statistics
@@ -21,20 +21,22 @@ import time
 from absl import app
 from absl import flags
 from configs import default
+import cpu_levers
 from flax import nnx
 import jax
 import numpy as np
 import parallel
-import reference_loop
 import train
 
 FLAGS = flags.FLAGS
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 flags.DEFINE_integer('steps', 78, 'Timed steps per variant and round.')
 flags.DEFINE_integer('rounds', 3, 'Rounds; each runs every variant once.')
 flags.DEFINE_string('variant', None, 'Internal: run one variant, print ms/step.')
 
-# name -> (scan over steps on the device, conv_same gradients, unrolled
-# threefry, dropout rate). The first is the Flax example's loop.
+# name -> (scan over steps on the device, cpu_levers.conv_gradients,
+# cpu_levers.unrolled_threefry, dropout rate). The first is the Flax
+# example's loop.
 VARIANTS = {
     'example: nnx.jit per step': (False, False, False, 0.025),
     '+ conv_same gradients': (False, True, False, 0.025),
@@ -54,11 +56,14 @@ def _time_variant(name: str, steps: int) -> float:
   images = rng.random((n, 28, 28, 1), dtype=np.float32)
   labels = rng.integers(0, 10, n).astype(np.int32)
   order = rng.permutation(n).reshape(-1, config.batch_size).astype(np.int32)
-  model = (train if conv_same else reference_loop).create_model(config)
+  model = train.create_model(config)
   optimizer = train.create_optimizer(model, config, len(order))
   metrics = train.create_metrics()
+  levers = contextlib.ExitStack()
+  if conv_same:
+    levers.enter_context(cpu_levers.conv_gradients(model))
   if unrolled:
-    train.unroll_threefry_on_cpu()
+    levers.enter_context(cpu_levers.unrolled_threefry())
   if scan:
     mesh = parallel.create_mesh()
     # Sharded as train_and_evaluate shards it: the state that each call
@@ -77,13 +82,14 @@ def _time_variant(name: str, steps: int) -> float:
         step(model, optimizer, metrics, {'image': images[indices], 'label': labels[indices]})
 
   warmup, timed = order[:8], order[8:]
-  if scan:  # One dispatch of all timed steps: compile that shape first.
+  with levers:
+    if scan:  # One dispatch of all timed steps: compile that shape first.
+      run(timed)
+    run(warmup)
+    jax.block_until_ready(nnx.state(model))
+    start = time.perf_counter()
     run(timed)
-  run(warmup)
-  jax.block_until_ready(nnx.state(model))
-  start = time.perf_counter()
-  run(timed)
-  jax.block_until_ready(nnx.state(model))
+    jax.block_until_ready(nnx.state(model))
   return (time.perf_counter() - start) * 1000 / len(timed)
 
 
@@ -96,9 +102,9 @@ def main(argv):
   for _ in range(FLAGS.rounds):
     for name in VARIANTS:
       out = subprocess.run(
-          [sys.executable, os.path.abspath(__file__), f'--variant={name}',
+          [sys.executable, '-m', 'tools.step_benchmark', f'--variant={name}',
            f'--steps={FLAGS.steps}'],
-          capture_output=True, text=True, check=True,
+          capture_output=True, text=True, check=True, cwd=ROOT,
       ).stdout
       times[name].append(float(out.strip().splitlines()[-1]))
   base = statistics.median(times['example: nnx.jit per step'])

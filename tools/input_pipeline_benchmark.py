@@ -1,6 +1,6 @@
 """Times each data source delivering MNIST's 60,000 training images as arrays.
 
-  python input_pipeline_benchmark.py --mnist_dir=../shared/data/mnist --runs=5
+  python -m tools.input_pipeline_benchmark --mnist_dir=../shared/data/mnist --runs=5
 
 Opt-in (not a test). From the original files in `--mnist_dir` it first lays
 out, untimed, what each source reads: a TFDS data_dir prepared offline, a

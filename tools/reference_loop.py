@@ -2,9 +2,9 @@
 
 Opt-in, for `mnist_benchmark.py --reference`: the design the Flax MNIST
 example publishes (tf.data batches of a 1,024-example shuffle buffer into an
-`nnx.jit` step per batch, stock `nnx.Conv`, JAX's own random-bit lowering),
-with this project's model, optimizer, config and summaries, so that the two
-loops are measured the same way. Not used by training.
+`nnx.jit` step per batch, without the CPU levers), with this project's model,
+optimizer, config and summaries, so that the two loops are measured the same
+way. Not used by training.
 """
 
 import time
@@ -36,21 +36,13 @@ def _train_batches(builder, config, epoch):
   return ds.prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
 
 
-def create_model(config: ml_collections.ConfigDict):
-  """The CNN with the stock `lax.conv_general_dilated` convolutions."""
-  model = train.create_model(config)
-  for conv in (model.conv1, model.conv2):
-    conv.conv_general_dilated = jax.lax.conv_general_dilated
-  return model
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """`train.train_and_evaluate`'s summaries, from the example's loop."""
   builder = input_pipeline.get_builder(config)
   test = input_pipeline.from_tfds(config, config.test_split)
   test_batches = input_pipeline.eval_batches(test, config.eval_batch_size)
   writer = metric_writers.create_default_writer(workdir)
-  model = create_model(config)
+  model = train.create_model(config)
   steps_per_epoch = (
       input_pipeline.num_examples(builder, config.train_split) // config.batch_size
   )
@@ -65,12 +57,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     for batch in _train_batches(builder, config, epoch):
       train_step(model, optimizer, metrics, batch)
       steps += 1
-    summary = {f'train_{k}': v for k, v in train._compute(metrics).items()}
+    summary = {f'train_{k}': v for k, v in train.compute_metrics(metrics).items()}
     images_per_sec = steps * config.batch_size / (time.perf_counter() - start)
     model.eval()
     for i in range(len(test_batches['label'])):
       eval_step(model, metrics, jax.tree.map(lambda x: x[i], test_batches))
-    summary.update({f'test_{k}': v for k, v in train._compute(metrics).items()})
+    summary.update({f'test_{k}': v for k, v in train.compute_metrics(metrics).items()})
     logging.info('%s', train.format_epoch(epoch, summary))
     writer.write_scalars(epoch, {**summary, 'train_images_per_sec': images_per_sec})
   writer.flush()

@@ -1,6 +1,6 @@
 """Writes MNIST test images as PNG files, to try predict.py on real digits.
 
-  python mnist_pngs.py --mnist_dir=$MNIST_MANUAL_DIR --out=/tmp/digits --num=10
+  python -m tools.mnist_pngs --mnist_dir=$MNIST_MANUAL_DIR --out=/tmp/digits --num=10
 
 reads the original `t10k-*-ubyte.gz` files (no TFDS, no JAX) and writes
 `test_00000_label_7.png`, ...: 28x28 8-bit grey, white digits on black, the
@@ -23,7 +23,6 @@ flags.DEFINE_string(
 )
 flags.DEFINE_string('out', None, 'Directory to write the PNG files to.')
 flags.DEFINE_integer('num', 10, 'Number of test images, from the first.')
-flags.mark_flags_as_required(['out'])
 
 
 def read_test_set(mnist_dir: str) -> tuple[np.ndarray, np.ndarray]:
@@ -61,4 +60,6 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  # Here, not on import: importing the module (its tests) needs no flags.
+  flags.mark_flags_as_required(['out'])
   app.run(main)
