@@ -14,7 +14,7 @@ $(VENV)/installed: requirements.txt
 	$(VENV)/bin/pip install --quiet --no-deps -r requirements.txt
 	touch $@
 
-.PHONY: venv train test
+.PHONY: venv train test format-check
 venv: $(VENV)/installed
 
 train: venv
@@ -22,3 +22,7 @@ train: venv
 
 test: venv
 	$(VENV)/bin/python -m pytest -q
+
+# The formatting of the Flax examples (pyink; settings in pyproject.toml).
+format-check: venv
+	$(VENV)/bin/pyink --check .

@@ -9,14 +9,16 @@ nothing more: it is a function of the seed and the epoch (see
 Orbax writes each checkpoint in a temporary directory and renames it when it
 is complete, so a checkpoint cut short by a killed process is never listed.
 
-Beside them, what a run needs of its workdir before it starts: that it can
-be written (`prepare_workdir`), and that its latest checkpoint fits the
-config (`latest`); and the messages that name a checkpoint's position.
+`Run` manages a training run's checkpoints: before it starts, the workdir
+must be writable (`prepare_workdir`) and its latest checkpoint must fit the
+config (`latest`); then it resumes, saves, and words the messages that name
+a step's position.
 """
 
 import json
 import os
 
+from absl import logging
 from flax import nnx
 import ml_collections
 import orbax.checkpoint as ocp
@@ -26,11 +28,21 @@ DIRECTORY = 'checkpoints'
 
 # Config fields that a resumed run may change: they change neither the state
 # that training reaches nor the order of the data.
-RESUMABLE_CHANGES = frozenset({
-    'num_epochs', 'test_split', 'eval_batch_size', 'data_dir', 'manual_dir',
-    'progress_every_secs', 'steps_per_call', 'export_model_name',
-    'checkpoint_every_epochs', 'checkpoints_to_keep', 'cpu_levers',
-})
+RESUMABLE_CHANGES = frozenset(
+    {
+        'num_epochs',
+        'test_split',
+        'eval_batch_size',
+        'data_dir',
+        'manual_dir',
+        'progress_every_secs',
+        'steps_per_call',
+        'export_model_name',
+        'checkpoint_every_epochs',
+        'checkpoints_to_keep',
+        'cpu_levers',
+    }
+)
 
 
 class WorkdirError(Exception):
@@ -86,10 +98,12 @@ def restore(checkpoints, step: int, **objects) -> None:
   names = {'metrics': 'train_metrics'}
   restored = checkpoints.restore(
       step,
-      args=ocp.args.Composite(**{
-          names.get(name, name): ocp.args.StandardRestore(nnx.state(obj))
-          for name, obj in objects.items()
-      }),
+      args=ocp.args.Composite(
+          **{
+              names.get(name, name): ocp.args.StandardRestore(nnx.state(obj))
+              for name, obj in objects.items()
+          }
+      ),
   )
   for name, obj in objects.items():
     nnx.update(obj, restored[names.get(name, name)])
@@ -104,7 +118,9 @@ def config_differences(
   through JSON too (tuples become lists there).
   """
   now = json.loads(json.dumps(config.to_dict()))
-  show = lambda values, field: repr(values[field]) if field in values else 'absent'
+  show = (
+      lambda values, field: repr(values[field]) if field in values else 'absent'
+  )
   return [
       f'{field} {show(saved, field)} -> {show(now, field)}'
       for field in sorted(saved.keys() | now.keys())
@@ -168,22 +184,86 @@ def position(step: int, steps_per_epoch: int) -> str:
   return f'step {step}, in epoch {epoch + 1}'
 
 
-def divergence_message(
-    loss: float, step: int, steps_per_epoch: int, saved, learning_rate: float
-) -> str:
-  """What to say when the loss became `loss` (NaN or infinite) at global `step`.
+class Run:
+  """A training run's checkpoints: where it resumes, saving, what to say.
 
-  `saved` is the run's checkpoint manager: its latest checkpoint, the last
-  one before the divergence, is kept.
+  Created before any work: the workdir must be writable and its latest
+  checkpoint, if any, must fit the config. `resume` then puts that
+  checkpoint's state into the run's objects.
   """
-  latest_step = saved.latest_step()
-  kept = (
-      'no checkpoint was saved before it' if latest_step is None else
-      f'the last good checkpoint ({position(latest_step, steps_per_epoch)}) '
-      'is kept'
-  )
-  epoch = (step - 1) // steps_per_epoch + 1
-  return (
-      f'loss became {loss} at step {step} (epoch {epoch}); {kept}; try a '
-      f'lower learning rate, e.g. --config.learning_rate={learning_rate / 10:g}'
-  )
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    prepare_workdir(workdir)
+    self.config = config
+    self.manager, self._meta = latest(config, workdir)
+    self.steps_per_epoch = 1
+
+  def resume(self, model, optimizer, metrics, steps_per_epoch: int):
+    """The global step and summary to go on from; restores the objects.
+
+    A fresh run goes on from step 0, with no summary yet.
+    """
+    self.steps_per_epoch = steps_per_epoch
+    if self._meta is None:
+      return 0, None
+    step = self._meta['step']
+    restore(
+        self.manager, step, model=model, optimizer=optimizer, metrics=metrics
+    )
+    logging.info(
+        'Resuming from the checkpoint (%s) in %s.',
+        self.position(step),
+        self.manager.directory,
+    )
+    return step, self._meta['summary']
+
+  def position(self, step: int) -> str:
+    return position(step, self.steps_per_epoch)
+
+  def save(self, step: int, model, optimizer, metrics, summary) -> None:
+    """Saves the objects at global `step`, with the last epoch's summary."""
+    save(
+        self.manager,
+        step,
+        model,
+        optimizer,
+        metrics,
+        {
+            'step': step,
+            'epoch': step // self.steps_per_epoch,
+            'steps_per_epoch': self.steps_per_epoch,
+            'config': self.config.to_dict(),
+            'summary': summary,
+        },
+    )
+    logging.info(
+        'Saved a checkpoint (%s) in %s.',
+        self.position(step),
+        self.manager.directory,
+    )
+
+  def stopped(self, step: int) -> str:
+    """What to say when the run stopped, when asked, at global `step`."""
+    return (
+        f'stopped ({self.position(step)}) with a checkpoint in '
+        f'{self.manager.directory}: rerun the same command to resume'
+    )
+
+  def diverged(self, loss: float, step: int) -> str:
+    """What to say when the loss became `loss` (NaN or infinite) at `step`.
+
+    `step` counts from 1. The latest checkpoint, the last one before the
+    divergence, is kept.
+    """
+    latest_step = self.manager.latest_step()
+    kept = (
+        'no checkpoint was saved before it'
+        if latest_step is None
+        else f'the last good checkpoint ({self.position(latest_step)}) is kept'
+    )
+    epoch = (step - 1) // self.steps_per_epoch + 1
+    rate = self.config.learning_rate / 10
+    return (
+        f'loss became {loss} at step {step} (epoch {epoch}); {kept}; try a '
+        f'lower learning rate, e.g. --config.learning_rate={rate:g}'
+    )

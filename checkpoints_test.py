@@ -21,14 +21,17 @@ def _leaves(*objects):
   leaves = jax.tree.leaves(nnx.state(objects))
   return [
       np.asarray(jax.random.key_data(x))
-      if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else np.asarray(x)
+      if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+      else np.asarray(x)
       for x in leaves
   ]
 
 
 def test_restore_gives_back_every_value_and_the_json(tmp_path):
   model, optimizer, metrics = _objects(seed=0)
-  metrics.update(loss=np.float32([2.5]), logits=np.eye(10)[:1], labels=np.int32([0]))
+  metrics.update(
+      loss=np.float32([2.5]), logits=np.eye(10)[:1], labels=np.int32([0])
+  )
   saved = checkpoints.manager(str(tmp_path))
   checkpoints.save(saved, 7, model, optimizer, metrics, {'step': 7, 'x': [1.5]})
 
@@ -48,7 +51,12 @@ def test_restore_gives_back_every_value_and_the_json(tmp_path):
 def test_a_checkpoint_cut_short_is_not_listed(tmp_path):
   model, optimizer, metrics = _objects(seed=0)
   checkpoints.save(
-      checkpoints.manager(str(tmp_path)), 3, model, optimizer, metrics, {'step': 3}
+      checkpoints.manager(str(tmp_path)),
+      3,
+      model,
+      optimizer,
+      metrics,
+      {'step': 3},
   )
   # What orbax leaves behind when the process dies while it writes step 5.
   unfinished = tmp_path / checkpoints.DIRECTORY / '5.orbax-checkpoint-tmp-1234'
@@ -68,7 +76,11 @@ def test_config_differences_leave_out_what_a_resumed_run_may_change():
   config.learning_rate = 0.05
   config.seed = 1
   assert checkpoints.config_differences(saved, config) == [
-      'learning_rate 0.1 -> 0.05', 'seed 0 -> 1'
+      'learning_rate 0.1 -> 0.05',
+      'seed 0 -> 1',
   ]
   del saved['momentum']
-  assert checkpoints.config_differences(saved, config)[1] == 'momentum absent -> 0.9'
+  assert (
+      checkpoints.config_differences(saved, config)[1]
+      == 'momentum absent -> 0.9'
+  )

@@ -29,7 +29,8 @@ def mnist_files() -> str:
   directory = os.environ.get(input_pipeline.MANUAL_DIR_ENV) or SHARED_MNIST
   missing = [
       name + '.gz'
-      for names in input_pipeline.IDX_FILES.values() for name in names
+      for names in input_pipeline.IDX_FILES.values()
+      for name in names
       if not os.path.isfile(os.path.join(directory, name + '.gz'))
   ]
   if missing:
@@ -75,8 +76,11 @@ def small_config(mnist_data_dir):
   def make(**fields):
     config = default.get_config()
     config.update(
-        data_dir=mnist_data_dir, train_split='train[:1024]',
-        test_split='test[:300]', num_epochs=1, batch_size=64,
+        data_dir=mnist_data_dir,
+        train_split='train[:1024]',
+        test_split='test[:300]',
+        num_epochs=1,
+        batch_size=64,
         eval_batch_size=128,
     )
     config.update(fields)
@@ -99,8 +103,13 @@ def trained_model(small_config):
   optimizer = train.create_optimizer(model, config, len(order))
   with cpu_levers.applied(config, model):
     train.train_epoch(
-        model, optimizer, train.create_metrics(), data, order,
-        config.steps_per_call, parallel.create_mesh(),
+        model,
+        optimizer,
+        train.create_metrics(),
+        data,
+        order,
+        parallel.create_mesh(),
+        config,
     )
   model.eval()
   return model

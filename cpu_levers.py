@@ -26,7 +26,9 @@ import ml_collections
 _NHWC = ('NHWC', 'HWIO', 'NHWC')
 
 
-def enabled(config: ml_collections.ConfigDict, platform: str | None = None) -> bool:
+def enabled(
+    config: ml_collections.ConfigDict, platform: str | None = None
+) -> bool:
   """Whether the levers apply: `config.cpu_levers` on a 'cpu' platform.
 
   `platform` defaults to JAX's default backend ('cpu', 'gpu', 'tpu').
@@ -36,7 +38,8 @@ def enabled(config: ml_collections.ConfigDict, platform: str | None = None) -> b
 
 @contextlib.contextmanager
 def applied(
-    config: ml_collections.ConfigDict, model: nnx.Module,
+    config: ml_collections.ConfigDict,
+    model: nnx.Module,
     platform: str | None = None,
 ):
   """Within the block, `model` trains with the CPU levers where they apply.
@@ -107,8 +110,17 @@ conv_same.defvjp(_conv_same_fwd, _conv_same_bwd)
 
 
 def conv_general_dilated(
-    lhs, rhs, window_strides, padding, *, lhs_dilation, rhs_dilation,
-    dimension_numbers, feature_group_count, precision, **unused_kwargs,
+    lhs,
+    rhs,
+    window_strides,
+    padding,
+    *,
+    lhs_dilation,
+    rhs_dilation,
+    dimension_numbers,
+    feature_group_count,
+    precision,
+    **unused_kwargs,
 ):
   """`lax.conv_general_dilated` for `nnx.Conv`, computed by `conv_same`.
 
@@ -179,7 +191,8 @@ def _threefry_rules():
     logging.warning(
         'CPU lever unrolled_threefry is off: JAX %s lacks the private '
         'threefry lowering it replaces (%s); training goes on without it.',
-        jax.__version__, e,
+        jax.__version__,
+        e,
     )
     return None
 

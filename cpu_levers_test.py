@@ -60,9 +60,14 @@ def test_on_the_cpu_the_levers_apply_inside_the_block_only():
   assert _threefry_rolled()
 
 
-@pytest.mark.parametrize('platform, enabled', [
-    ('gpu', True), ('tpu', True), ('cpu', False),
-])
+@pytest.mark.parametrize(
+    'platform, enabled',
+    [
+        ('gpu', True),
+        ('tpu', True),
+        ('cpu', False),
+    ],
+)
 def test_elsewhere_or_switched_off_the_stock_code_runs(platform, enabled):
   config = default.get_config()
   config.cpu_levers = enabled
@@ -95,7 +100,9 @@ def test_without_jaxs_private_lowering_the_run_warns_once_and_trains(
   monkeypatch.delattr(threefry2x32, '_threefry2x32_lowering_rule')
   with caplog.at_level(logging.WARNING, logger='absl'):
     summary = train.train_and_evaluate(small_config(), str(tmp_path / 'w'))
-  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  warnings = [
+      r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+  ]
   assert len(warnings) == 1
   assert warnings[0].startswith('CPU lever unrolled_threefry is off: JAX ')
   assert np.isfinite(summary['train_loss'])

@@ -29,7 +29,9 @@ def next_version(model_dir: str) -> int:
   """One more than the highest integer version under `model_dir` (1 if none)."""
   if not tf.io.gfile.isdir(model_dir):
     return 1
-  versions = [int(d) for d in tf.io.gfile.listdir(model_dir) if d.strip('/').isdigit()]
+  versions = [
+      int(d) for d in tf.io.gfile.listdir(model_dir) if d.strip('/').isdigit()
+  ]
   return max(versions, default=0) + 1
 
 
@@ -92,6 +94,7 @@ def export_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> str:
   logging.info(
       'Exported the model of the checkpoint (%s) in %s to %s',
       checkpoints.position(meta['step'], meta['steps_per_epoch']),
-      saved.directory, path,
+      saved.directory,
+      path,
   )
   return path

@@ -84,7 +84,9 @@ def test_runs_in_tensorflow_without_jax(exported):
   )
   result = subprocess.run(
       [sys.executable, '-c', script, path],
-      input=json.dumps(images.tolist()), capture_output=True, text=True,
+      input=json.dumps(images.tolist()),
+      capture_output=True,
+      text=True,
       check=True,
   )
   logits = np.array(json.loads(result.stdout.splitlines()[-1]))
@@ -106,7 +108,8 @@ def test_trained_export_computes_the_jax_logits(
     np.testing.assert_allclose(outputs['logits'].numpy(), expected, atol=1e-4)
     np.testing.assert_allclose(
         outputs['probabilities'].numpy(),
-        np.asarray(jax.nn.softmax(expected)), atol=1e-5,
+        np.asarray(jax.nn.softmax(expected)),
+        atol=1e-5,
     )
 
 
@@ -127,9 +130,17 @@ def test_trained_export_runs_in_tensorflow_without_jax(
   directory = os.path.dirname(trained_export)
   np.save(os.path.join(directory, 'images.npy'), images)
   subprocess.run(
-      [sys.executable, '-c', script, trained_export,
-       os.path.join(directory, 'images.npy'), os.path.join(directory, 'logits')],
-      check=True, capture_output=True, timeout=300,
+      [
+          sys.executable,
+          '-c',
+          script,
+          trained_export,
+          os.path.join(directory, 'images.npy'),
+          os.path.join(directory, 'logits'),
+      ],
+      check=True,
+      capture_output=True,
+      timeout=300,
   )
   expected = np.asarray(trained_model(images))
   for n in (1, 7, 256):

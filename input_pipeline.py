@@ -41,7 +41,10 @@ DATASETS = ('mnist', 'fashion_mnist')
 DEFAULT_IDX_DIRS = {'fashion_mnist': '/usr/share/datasets/fashion-mnist'}
 
 # The data sets on the Hugging Face Hub, and their torchvision classes.
-HF_NAMES = {'mnist': 'ylecun/mnist', 'fashion_mnist': 'zalando-datasets/fashion_mnist'}
+HF_NAMES = {
+    'mnist': 'ylecun/mnist',
+    'fashion_mnist': 'zalando-datasets/fashion_mnist',
+}
 TORCHVISION_CLASSES = {'mnist': 'MNIST', 'fashion_mnist': 'FashionMNIST'}
 
 # The original files of each split: images, then labels.
@@ -65,14 +68,18 @@ def to_arrays(images, labels) -> Arrays:
   as tf.data's `tf.cast(image, tf.float32) / 255.0` computes it.
   """
   images, labels = np.asarray(images), np.asarray(labels)
-  if images.dtype != np.uint8 or images.shape[1:] not in ((28, 28), (28, 28, 1)):
+  if images.dtype != np.uint8 or images.shape[1:] not in (
+      (28, 28),
+      (28, 28, 1),
+  ):
     raise DataError(
         f'expected uint8 images of 28x28 pixels, got {images.dtype} {images.shape}'
     )
   if len(labels) != len(images):
     raise DataError(f'{len(images)} images but {len(labels)} labels')
   return {
-      'image': images.reshape(-1, 28, 28, 1).astype(np.float32) / np.float32(255),
+      'image': images.reshape(-1, 28, 28, 1).astype(np.float32)
+      / np.float32(255),
       'label': labels.astype(np.int32),
   }
 
@@ -113,7 +120,9 @@ def _prepare(builder, config: ml_collections.ConfigDict) -> None:
     builder.download_and_prepare()
     return
   expected = sorted(info.filename for info in builder.url_infos.values())
-  missing = [f for f in expected if not os.path.isfile(os.path.join(directory, f))]
+  missing = [
+      f for f in expected if not os.path.isfile(os.path.join(directory, f))
+  ]
   if missing:
     raise DataError(
         f'{directory}: missing {", ".join(missing)} ({config.dataset} needs '
@@ -128,7 +137,7 @@ def _prepare(builder, config: ml_collections.ConfigDict) -> None:
     raise DataError(
         f'{directory}: {bad[0]} does not match the size and SHA-256 that TFDS '
         f'registers for {config.dataset}: the file is corrupt, truncated or '
-        "recompressed; replace it with the original, or read the files with "
+        'recompressed; replace it with the original, or read the files with '
         "data_source='idx', which checks their contents instead"
     ) from None
 
@@ -159,7 +168,9 @@ def read_idx(path: str, ndim: int) -> np.ndarray:
     with (gzip.open if path.endswith('.gz') else open)(path, 'rb') as f:
       data = f.read()
   except (OSError, EOFError, zlib.error) as e:
-    raise DataError(f'{path}: cannot be read, truncated or corrupt? ({e})') from None
+    raise DataError(
+        f'{path}: cannot be read, truncated or corrupt? ({e})'
+    ) from None
   header = 4 + 4 * ndim
   magic = int.from_bytes(data[:4], 'big')
   if len(data) < header or magic != 0x800 + ndim:
@@ -208,7 +219,9 @@ def hf_arrays(dataset) -> Arrays:
   decoded in one call. uint8 asks the formatter not to widen the pixels to
   int64 first.
   """
-  data = dataset.with_format('numpy', columns=['image', 'label'], dtype=np.uint8)[:]
+  data = dataset.with_format(
+      'numpy', columns=['image', 'label'], dtype=np.uint8
+  )[:]
   return to_arrays(data['image'], data['label'])
 
 
@@ -229,7 +242,9 @@ def from_hf(config: ml_collections.ConfigDict, split: str) -> Arrays:
     ) from None
   directory = os.path.expanduser(config.data_dir)
   if not directory:
-    return hf_arrays(datasets.load_dataset(HF_NAMES[config.dataset], split=split))
+    return hf_arrays(
+        datasets.load_dataset(HF_NAMES[config.dataset], split=split)
+    )
   if os.path.isfile(os.path.join(directory, 'dataset_dict.json')):
     return hf_arrays(datasets.load_from_disk(directory)[split])
   pattern = os.path.join(directory, '**', f'{split}-*.parquet')
@@ -283,7 +298,7 @@ SPLITS = ('train', 'test')
 _SPLIT = re.compile(r'(train|test)(?:\[(-?\d+%?)?:(-?\d+%?)?\])?')
 SPLIT_SYNTAX = {
     'tfds': "a TFDS split of 'train' and 'test', like 'train[:10%]' or "
-            "'train[:50%]+test'",
+    "'train[:50%]+test'",
     **dict.fromkeys(
         ('hf', 'torchvision', 'idx'),
         "'train' or 'test', optionally sliced like 'train[:10%]' or "
@@ -358,13 +373,17 @@ def epoch_seed(seed: int, epoch: int) -> int:
   return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
 
 
-def epoch_order(seed: int, epoch: int, num_examples: int, batch_size: int) -> np.ndarray:
+def epoch_order(
+    seed: int, epoch: int, num_examples: int, batch_size: int
+) -> np.ndarray:
   """Indices of the examples of each step of `epoch`, `(steps, batch_size)`.
 
   A fresh permutation of the whole split every epoch; the remainder that
   does not fill a batch is dropped.
   """
-  order = np.random.default_rng(epoch_seed(seed, epoch)).permutation(num_examples)
+  order = np.random.default_rng(epoch_seed(seed, epoch)).permutation(
+      num_examples
+  )
   steps = num_examples // batch_size
   return order[: steps * batch_size].reshape(steps, batch_size).astype(np.int32)
 

@@ -20,7 +20,9 @@ def test_eval_batches_pad_and_mask_the_last_batch():
   arrays = {'image': np.ones((7, 28, 28, 1), np.float32), 'label': np.arange(7)}
   batches = input_pipeline.eval_batches(arrays, 5)
   assert batches['image'].shape == (2, 5, 28, 28, 1)
-  np.testing.assert_array_equal(batches['mask'], [[True] * 5, [True] * 2 + [False] * 3])
+  np.testing.assert_array_equal(
+      batches['mask'], [[True] * 5, [True] * 2 + [False] * 3]
+  )
   np.testing.assert_array_equal(batches['label'][1], [5, 6, 0, 0, 0])
   assert batches['image'][1, 2:].sum() == 0
 
@@ -32,17 +34,23 @@ def test_epoch_seed_depends_on_seed_and_epoch_only():
 
 
 def test_epoch_order_is_a_reproducible_permutation_per_epoch():
-  order = input_pipeline.epoch_order(seed=0, epoch=1, num_examples=1000, batch_size=128)
+  order = input_pipeline.epoch_order(
+      seed=0, epoch=1, num_examples=1000, batch_size=128
+  )
   assert order.shape == (7, 128) and order.dtype == np.int32
   assert len(np.unique(order)) == 7 * 128  # No example twice; 104 dropped.
-  np.testing.assert_array_equal(order, input_pipeline.epoch_order(0, 1, 1000, 128))
+  np.testing.assert_array_equal(
+      order, input_pipeline.epoch_order(0, 1, 1000, 128)
+  )
   assert not np.array_equal(order, input_pipeline.epoch_order(0, 2, 1000, 128))
   assert not np.array_equal(order, input_pipeline.epoch_order(1, 1, 1000, 128))
 
 
 def test_splits_are_normalised_images_and_integer_labels(mnist_data_dir):
   config = _config(
-      data_dir=mnist_data_dir, train_split='train[:512]', test_split='test[:300]'
+      data_dir=mnist_data_dir,
+      train_split='train[:512]',
+      test_split='test[:300]',
   )
   train, test = input_pipeline.load(config)
   assert (len(train['label']), len(test['label'])) == (512, 300)
@@ -77,19 +85,25 @@ def test_manual_dir_comes_from_the_environment(monkeypatch, tmp_path):
 
 def test_missing_file_names_directory_and_file(copy_of_mnist_files, tmp_path):
   os.remove(os.path.join(copy_of_mnist_files, 't10k-labels-idx1-ubyte.gz'))
-  config = _config(data_dir=str(tmp_path / 'tfds'), manual_dir=copy_of_mnist_files)
+  config = _config(
+      data_dir=str(tmp_path / 'tfds'), manual_dir=copy_of_mnist_files
+  )
   with pytest.raises(input_pipeline.DataError) as error:
     input_pipeline.get_builder(config)
   message = str(error.value)
   assert '\n' not in message
-  assert message.startswith(f'{copy_of_mnist_files}: missing t10k-labels-idx1-ubyte.gz')
+  assert message.startswith(
+      f'{copy_of_mnist_files}: missing t10k-labels-idx1-ubyte.gz'
+  )
 
 
 def test_corrupt_file_names_directory_and_file(copy_of_mnist_files, tmp_path):
   path = os.path.join(copy_of_mnist_files, 'train-labels-idx1-ubyte.gz')
   with open(path, 'r+b') as f:
     f.truncate(1000)
-  config = _config(data_dir=str(tmp_path / 'tfds'), manual_dir=copy_of_mnist_files)
+  config = _config(
+      data_dir=str(tmp_path / 'tfds'), manual_dir=copy_of_mnist_files
+  )
   with pytest.raises(input_pipeline.DataError) as error:
     input_pipeline.get_builder(config)
   message = str(error.value)
@@ -116,7 +130,9 @@ def small_files(mnist_files, tmp_path):
   directory.mkdir()
   for split, size in (('train', 300), ('test', 100)):
     for name, ndim in zip(input_pipeline.IDX_FILES[split], (3, 1)):
-      full = input_pipeline.read_idx(os.path.join(mnist_files, name + '.gz'), ndim)
+      full = input_pipeline.read_idx(
+          os.path.join(mnist_files, name + '.gz'), ndim
+      )
       _write_idx(directory / (name + '.gz'), full[:size])
   return str(directory)
 
@@ -124,13 +140,21 @@ def small_files(mnist_files, tmp_path):
 def _assert_same(actual, expected):
   assert actual.keys() == expected.keys() == {'image', 'label'}
   for k in expected:
-    assert actual[k].dtype == expected[k].dtype and actual[k].shape == expected[k].shape
+    assert (
+        actual[k].dtype == expected[k].dtype
+        and actual[k].shape == expected[k].shape
+    )
     np.testing.assert_array_equal(actual[k], expected[k])
 
 
 def test_idx_source_reads_the_original_files(small_files):
-  train, test = input_pipeline.load(_config(data_source='idx', manual_dir=small_files))
-  assert train['image'].shape == (300, 28, 28, 1) and train['image'].dtype == np.float32
+  train, test = input_pipeline.load(
+      _config(data_source='idx', manual_dir=small_files)
+  )
+  assert (
+      train['image'].shape == (300, 28, 28, 1)
+      and train['image'].dtype == np.float32
+  )
   assert test['label'].shape == (100,) and test['label'].dtype == np.int32
   assert test['label'][:10].tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
   assert train['image'].min() == 0.0 and train['image'].max() == 1.0
@@ -150,15 +174,17 @@ def test_hf_sources_give_the_idx_arrays(small_files, tmp_path):
     ]
   label = datasets.ClassLabel(num_classes=10)
   # A save_to_disk directory of Array2D images: one Arrow read.
-  arrays = datasets.DatasetDict({
-      split: datasets.Dataset.from_dict(
-          {'image': images, 'label': labels},
-          features=datasets.Features(
-              {'image': datasets.Array2D((28, 28), 'uint8'), 'label': label}
-          ),
-      )
-      for split, (images, labels) in raw.items()
-  })
+  arrays = datasets.DatasetDict(
+      {
+          split: datasets.Dataset.from_dict(
+              {'image': images, 'label': labels},
+              features=datasets.Features(
+                  {'image': datasets.Array2D((28, 28), 'uint8'), 'label': label}
+              ),
+          )
+          for split, (images, labels) in raw.items()
+      }
+  )
   arrays.save_to_disk(str(tmp_path / 'saved'))
   # Parquet files of PNG images, laid out as the Hub's ylecun/mnist.
   (tmp_path / 'hub' / 'mnist').mkdir(parents=True)
@@ -166,7 +192,9 @@ def test_hf_sources_give_the_idx_arrays(small_files, tmp_path):
     datasets.Dataset.from_dict(
         {'image': [Image.fromarray(i) for i in images], 'label': labels},
         features=datasets.Features({'image': datasets.Image(), 'label': label}),
-    ).to_parquet(str(tmp_path / 'hub' / 'mnist' / f'{split}-00000-of-00001.parquet'))
+    ).to_parquet(
+        str(tmp_path / 'hub' / 'mnist' / f'{split}-00000-of-00001.parquet')
+    )
 
   expected = input_pipeline.load(idx)
   for directory in ('saved', 'hub'):
@@ -184,7 +212,9 @@ def test_torchvision_source_gives_the_idx_arrays(small_files, tmp_path):
   for name in os.listdir(small_files):
     with gzip.open(os.path.join(small_files, name)) as f:
       (raw / name[: -len('.gz')]).write_bytes(f.read())
-  expected = input_pipeline.load(_config(data_source='idx', manual_dir=small_files))
+  expected = input_pipeline.load(
+      _config(data_source='idx', manual_dir=small_files)
+  )
   config = _config(data_source='torchvision', data_dir=str(tmp_path))
   for actual, wanted in zip(input_pipeline.load(config), expected):
     _assert_same(actual, wanted)
@@ -203,17 +233,23 @@ def _canonical(arrays):
   return {k: v[order] for k, v in arrays.items()}
 
 
-def test_tfds_gives_the_examples_of_the_original_files(mnist_data_dir, mnist_files):
+def test_tfds_gives_the_examples_of_the_original_files(
+    mnist_data_dir, mnist_files
+):
   # TFDS orders the examples its own way, so compare them in a common order.
-  _, expected = input_pipeline.load(_config(data_source='idx', manual_dir=mnist_files))
+  _, expected = input_pipeline.load(
+      _config(data_source='idx', manual_dir=mnist_files)
+  )
   _, actual = input_pipeline.load(_config(data_dir=mnist_data_dir))
   _assert_same(_canonical(actual), _canonical(expected))
 
 
 def test_other_sources_slice_splits_like_tfds(small_files):
   config = _config(
-      data_source='idx', manual_dir=small_files,
-      train_split='train[:10%]', test_split='test[-5:]',
+      data_source='idx',
+      manual_dir=small_files,
+      train_split='train[:10%]',
+      test_split='test[-5:]',
   )
   train, test = input_pipeline.load(config)
   whole, whole_test = input_pipeline.load(
@@ -227,7 +263,9 @@ def test_truncated_idx_file_is_named(small_files):
   path = os.path.join(small_files, 'train-images-idx3-ubyte.gz')
   with open(path, 'r+b') as f:
     f.truncate(1000)
-  with pytest.raises(input_pipeline.DataError, match=f'^{path}: cannot be read'):
+  with pytest.raises(
+      input_pipeline.DataError, match=f'^{path}: cannot be read'
+  ):
     input_pipeline.load(_config(data_source='idx', manual_dir=small_files))
 
 
@@ -236,7 +274,7 @@ def test_short_idx_file_is_named(tmp_path):
   path.write_bytes(np.array([0x803, 5, 28, 28], '>u4').tobytes() + bytes(100))
   with pytest.raises(
       input_pipeline.DataError,
-      match=f"^{path}: 116 bytes, but its header says .5, 28, 28., 3936 bytes",
+      match=f'^{path}: 116 bytes, but its header says .5, 28, 28., 3936 bytes',
   ):
     input_pipeline.read_idx(str(path), 3)
 
@@ -268,8 +306,12 @@ def test_fashion_mnist_from_debian_package(monkeypatch, mnist_files):
     pytest.skip(f'no {directory}: apt-get install dataset-fashion-mnist')
   # $MNIST_MANUAL_DIR holds MNIST: Fashion-MNIST does not read it.
   monkeypatch.setenv(input_pipeline.MANUAL_DIR_ENV, mnist_files)
-  train, test = input_pipeline.load(_config(data_source='idx', dataset='fashion_mnist'))
+  train, test = input_pipeline.load(
+      _config(data_source='idx', dataset='fashion_mnist')
+  )
   assert train['image'].shape == (60_000, 28, 28, 1)
   assert np.bincount(test['label']).tolist() == [1000] * 10
-  mnist = input_pipeline.load(_config(data_source='idx', test_split='test[:100]'))[1]
+  mnist = input_pipeline.load(
+      _config(data_source='idx', test_split='test[:100]')
+  )[1]
   assert not np.array_equal(test['image'][:100], mnist['image'])

@@ -29,7 +29,9 @@ import train
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_string('workdir', None, 'Directory for summaries, checkpoints and exports.')
+flags.DEFINE_string(
+    'workdir', None, 'Directory for summaries, checkpoints and exports.'
+)
 config_flags.DEFINE_config_file(
     'config',
     None,
@@ -37,23 +39,26 @@ config_flags.DEFINE_config_file(
     lock_config=True,
 )
 flags.DEFINE_enum(
-    'mode', 'train', ['train', 'export'],
-    'train: train (resuming from the workdir\'s latest checkpoint), then '
+    'mode',
+    'train',
+    ['train', 'export'],
+    "train: train (resuming from the workdir's latest checkpoint), then "
     'export; export: export the latest checkpoint, without training.',
 )
 flags.mark_flags_as_required(['config', 'workdir'])
 flags.DEFINE_bool(
-    'distributed', False,
-    'Initialise JAX\'s multi-process runtime (jax.distributed) to train over '
+    'distributed',
+    False,
+    "Initialise JAX's multi-process runtime (jax.distributed) to train over "
     'several hosts. The three flags below may be left unset where JAX detects '
     'them (Cloud TPU, SLURM, Open MPI, Kubernetes), and the coordinator '
     'address may come from $JAX_COORDINATOR_ADDRESS.',
 )
 flags.DEFINE_string(
-    'coordinator_address', None, 'HOST:PORT of process 0\'s coordinator.'
+    'coordinator_address', None, "HOST:PORT of process 0's coordinator."
 )
 flags.DEFINE_integer('num_processes', None, 'Number of processes (hosts).')
-flags.DEFINE_integer('process_id', None, 'This process\'s index, from 0.')
+flags.DEFINE_integer('process_id', None, "This process's index, from 0.")
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -141,8 +146,10 @@ def main(argv):
     logging.warning('SIGTERM: %s', e)
     sys.exit(128 + signal.SIGTERM)
   except (
-      config_validation.ConfigError, checkpoints.WorkdirError,
-      input_pipeline.DataError, train.TrainingError,
+      config_validation.ConfigError,
+      checkpoints.WorkdirError,
+      input_pipeline.DataError,
+      train.TrainingError,
   ) as e:
     if FLAGS.verbosity >= 1:
       raise

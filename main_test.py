@@ -72,8 +72,7 @@ def run_main(monkeypatch):
 def _flags(config) -> list[str]:
   """The command line of `config`, from the default config file."""
   changed = {
-      k: v for k, v in config.to_dict().items()
-      if v != default.get_config()[k]
+      k: v for k, v in config.to_dict().items() if v != default.get_config()[k]
   }
   return ['--config=configs/default.py'] + [
       f'--config.{k}={v}' for k, v in changed.items()
@@ -89,7 +88,9 @@ def _snapshot(directory) -> dict[str, tuple]:
       with open(path, 'rb') as f:
         digest = hashlib.sha256(f.read()).hexdigest()
       files[os.path.relpath(path, directory)] = (
-          os.path.getsize(path), os.stat(path).st_mtime_ns, digest,
+          os.path.getsize(path),
+          os.stat(path).st_mtime_ns,
+          digest,
       )
   return files
 
@@ -148,7 +149,8 @@ def test_config_is_required(run_main, capsys, tmp_path):
 
 def test_unknown_config_field_is_rejected(run_main, tmp_path):
   status = run_main(
-      f'--workdir={tmp_path}', '--config=configs/default.py',
+      f'--workdir={tmp_path}',
+      '--config=configs/default.py',
       '--config.learning_rat=0.05',
   )
   _assert_one_line_error(
@@ -159,15 +161,22 @@ def test_unknown_config_field_is_rejected(run_main, tmp_path):
   assert not os.listdir(tmp_path)
 
 
-@pytest.mark.parametrize('field, value, allowed', [
-    ('learning_rate', '-0.1', 'a number > 0'),
-    ('batch_size', '0', 'an integer > 0'),
-    ('num_epochs', '0', 'an integer > 0'),
-    ('dataset', 'mnits', "one of 'mnist', 'fashion_mnist'"),
-    ('lr_schedule', 'cosine', "one of 'constant', 'one_cycle'"),
-    ('train_split', 'trian[:10%]', "a TFDS split of 'train' and 'test', like "
-                                   "'train[:10%]' or 'train[:50%]+test'"),
-])
+@pytest.mark.parametrize(
+    'field, value, allowed',
+    [
+        ('learning_rate', '-0.1', 'a number > 0'),
+        ('batch_size', '0', 'an integer > 0'),
+        ('num_epochs', '0', 'an integer > 0'),
+        ('dataset', 'mnits', "one of 'mnist', 'fashion_mnist'"),
+        ('lr_schedule', 'cosine', "one of 'constant', 'one_cycle'"),
+        (
+            'train_split',
+            'trian[:10%]',
+            "a TFDS split of 'train' and 'test', like "
+            "'train[:10%]' or 'train[:50%]+test'",
+        ),
+    ],
+)
 def test_bad_values_are_named_with_what_is_allowed(
     run_main, workdir, field, value, allowed
 ):
@@ -175,10 +184,15 @@ def test_bad_values_are_named_with_what_is_allowed(
   status = run_main(
       f'--workdir={directory}', *_flags(config), f'--config.{field}={value}'
   )
-  shown = repr(value) if field in ('dataset', 'lr_schedule', 'train_split') else value
-  _assert_one_line_error(status, re.escape(
-      f'error: config.{field}={shown} is not allowed: use {allowed}'
-  ))
+  shown = (
+      repr(value)
+      if field in ('dataset', 'lr_schedule', 'train_split')
+      else value
+  )
+  _assert_one_line_error(
+      status,
+      re.escape(f'error: config.{field}={shown} is not allowed: use {allowed}'),
+  )
   _assert_kept(before, directory)
   assert len(_snapshot(directory)) == len(before)
 
@@ -188,9 +202,12 @@ def test_a_real_process_prints_the_one_line_and_exits_1(workdir):
   result = _main(
       f'--workdir={directory}', *_flags(config), '--config.batch_size=0'
   )
-  _assert_one_line_error(result, re.escape(
-      'error: config.batch_size=0 is not allowed: use an integer > 0'
-  ))
+  _assert_one_line_error(
+      result,
+      re.escape(
+          'error: config.batch_size=0 is not allowed: use an integer > 0'
+      ),
+  )
   _assert_kept(before, directory)
 
 
@@ -201,7 +218,9 @@ def test_traceback_with_verbosity_1(run_main, workdir):
       match='^config.batch_size=0 is not allowed',
   ):
     run_main(
-        f'--workdir={directory}', *_flags(config), '--config.batch_size=0',
+        f'--workdir={directory}',
+        *_flags(config),
+        '--config.batch_size=0',
         '--verbosity=1',
     )
   _assert_kept(before, directory)
@@ -212,10 +231,13 @@ def test_batch_size_larger_than_the_data(run_main, small_config, tmp_path):
   before = _snapshot(tmp_path)
   config = small_config(train_split='train[:256]', batch_size=300)
   status = run_main(f'--workdir={tmp_path}', *_flags(config))
-  _assert_one_line_error(status, re.escape(
-      "error: config.batch_size=300 is larger than the 256 examples of "
-      "config.train_split='train[:256]': use at most 256"
-  ))
+  _assert_one_line_error(
+      status,
+      re.escape(
+          'error: config.batch_size=300 is larger than the 256 examples of '
+          "config.train_split='train[:256]': use at most 256"
+      ),
+  )
   assert _snapshot(tmp_path) == before
 
 
@@ -224,38 +246,49 @@ def test_workdir_that_cannot_be_created(run_main, tmp_path):
   status = run_main(
       f'--workdir={tmp_path / "file" / "w"}', '--config=configs/default.py'
   )
-  _assert_one_line_error(status, re.escape(
-      f'error: cannot create or write the workdir {tmp_path / "file" / "w"} '
-      f'({tmp_path / "file"} is not a directory): choose a --workdir that '
-      'can be created and written'
-  ))
+  _assert_one_line_error(
+      status,
+      re.escape(
+          f'error: cannot create or write the workdir {tmp_path / "file" / "w"} '
+          f'({tmp_path / "file"} is not a directory): choose a --workdir that '
+          'can be created and written'
+      ),
+  )
   assert (tmp_path / 'file').read_text() == 'kept'
 
 
 def test_checkpoint_of_another_config(run_main, workdir):
   config, directory, before = workdir
   status = run_main(
-      f'--workdir={directory}', *_flags(config), '--config.learning_rate=0.05',
-      '--config.seed=1', '--config.num_epochs=2',
+      f'--workdir={directory}',
+      *_flags(config),
+      '--config.learning_rate=0.05',
+      '--config.seed=1',
+      '--config.num_epochs=2',
   )
   checkpoints_dir = os.path.join(directory, 'checkpoints')
-  _assert_one_line_error(status, re.escape(
-      f'error: {checkpoints_dir} holds a checkpoint (step 4, end of epoch 1) '
-      'of another config: learning_rate 0.1 -> 0.05; seed 0 -> 1; to start '
-      f'afresh, use a new --workdir or move {checkpoints_dir} away'
-  ))
+  _assert_one_line_error(
+      status,
+      re.escape(
+          f'error: {checkpoints_dir} holds a checkpoint (step 4, end of epoch 1) '
+          'of another config: learning_rate 0.1 -> 0.05; seed 0 -> 1; to start '
+          f'afresh, use a new --workdir or move {checkpoints_dir} away'
+      ),
+  )
   _assert_kept(before, directory)
 
 
 def test_missing_data_is_one_line_error(run_main, workdir, tmp_path):
   config, directory, before = workdir
   status = run_main(
-      f'--workdir={directory}', *_flags(config),
+      f'--workdir={directory}',
+      *_flags(config),
       f'--config.data_dir={tmp_path / "tfds"}',
       f'--config.manual_dir={tmp_path / "empty"}',
   )
   _assert_one_line_error(
-      status, re.escape(f'error: {tmp_path / "empty"}: missing t10k-images') + '.*'
+      status,
+      re.escape(f'error: {tmp_path / "empty"}: missing t10k-images') + '.*',
   )
   _assert_kept(before, directory)
 
@@ -275,17 +308,21 @@ def test_corrupt_data_file(
       f.seek(5000)
       f.write(bytes([byte[0] ^ 1]))
   status = run_main(
-      f'--workdir={directory}', *_flags(config),
+      f'--workdir={directory}',
+      *_flags(config),
       f'--config.data_dir={tmp_path / "tfds"}',
       f'--config.manual_dir={copy_of_mnist_files}',
   )
-  _assert_one_line_error(status, re.escape(
-      f'error: {copy_of_mnist_files}: train-images-idx3-ubyte.gz does not '
-      'match the size and SHA-256 that TFDS registers for mnist: the file '
-      'is corrupt, truncated or recompressed; replace it with the original, '
-      "or read the files with data_source='idx', which checks their "
-      'contents instead'
-  ))
+  _assert_one_line_error(
+      status,
+      re.escape(
+          f'error: {copy_of_mnist_files}: train-images-idx3-ubyte.gz does not '
+          'match the size and SHA-256 that TFDS registers for mnist: the file '
+          'is corrupt, truncated or recompressed; replace it with the original, '
+          "or read the files with data_source='idx', which checks their "
+          'contents instead'
+      ),
+  )
   _assert_kept(before, directory)
 
 
@@ -301,7 +338,10 @@ def test_loss_that_becomes_nan_keeps_the_last_good_checkpoint(
       f'--workdir={directory}', *_flags(config), '--config.num_epochs=3'
   )
   _assert_one_line_error(
-      status, re.escape('error: loss became nan at step ') + '[5-8]' + re.escape(
+      status,
+      re.escape('error: loss became nan at step ')
+      + '[5-8]'
+      + re.escape(
           ' (epoch 2); the last good checkpoint (step 4, end of epoch 1) is '
           'kept; try a lower learning rate, e.g. --config.learning_rate=0.3'
       ),
@@ -312,13 +352,16 @@ def test_loss_that_becomes_nan_keeps_the_last_good_checkpoint(
 
 def test_export_of_a_finished_workdir(run_main, workdir, mnist_test_images):
   config, directory, before = workdir
-  assert run_main(f'--workdir={directory}', *_flags(config), '--mode=export') == 0
+  assert (
+      run_main(f'--workdir={directory}', *_flags(config), '--mode=export') == 0
+  )
   _assert_kept(before, directory)
   # Version 1 is the export of the trained model itself, at the end of training.
   images = tf.constant(mnist_test_images[0])
   logits = [
       tf.saved_model.load(os.path.join(directory, 'export', 'mnist', version))
-      .signatures['serving_default'](image=images)['logits'].numpy()
+      .signatures['serving_default'](image=images)['logits']
+      .numpy()
       for version in ('1', '2')
   ]
   np.testing.assert_array_equal(logits[1], logits[0])
@@ -328,10 +371,13 @@ def test_export_without_a_checkpoint(run_main, tmp_path):
   status = run_main(
       f'--workdir={tmp_path}', '--config=configs/default.py', '--mode=export'
   )
-  _assert_one_line_error(status, re.escape(
-      f'error: no checkpoint in {tmp_path / "checkpoints"}: train first, '
-      'with the same --workdir and --config'
-  ))
+  _assert_one_line_error(
+      status,
+      re.escape(
+          f'error: no checkpoint in {tmp_path / "checkpoints"}: train first, '
+          'with the same --workdir and --config'
+      ),
+  )
 
 
 # Resuming: a run killed in the middle of epoch 2 of 3, then rerun, ends with
@@ -342,8 +388,11 @@ def test_export_without_a_checkpoint(run_main, tmp_path):
 def resume_config(small_config):
   """64 steps an epoch, 8 per dispatch, a progress line after each."""
   return small_config(
-      train_split='train[:2048]', batch_size=32, num_epochs=3,
-      steps_per_call=8, progress_every_secs=0.01,
+      train_split='train[:2048]',
+      batch_size=32,
+      num_epochs=3,
+      steps_per_call=8,
+      progress_every_secs=0.01,
   )
 
 
@@ -358,7 +407,9 @@ def _run_until_mid_epoch_2(workdir, config, sig) -> tuple[int, str]:
   """Starts a run, sends `sig` during epoch 2; its exit status and stderr."""
   process = subprocess.Popen(
       _command(f'--workdir={workdir}', *_flags(config)),
-      stderr=subprocess.PIPE, text=True, cwd=ROOT,
+      stderr=subprocess.PIPE,
+      text=True,
+      cwd=ROOT,
   )
   lines = []
   for line in process.stderr:
@@ -393,7 +444,9 @@ def _assert_resumes_to(workdir, config, expected) -> None:
   assert {tag: scalars[tag][3][0] for tag in TAGS} == {
       tag: expected[tag] for tag in TAGS
   }
-  assert _summary_counts(workdir) == {(t, e): 1 for t in TAGS for e in (1, 2, 3)}
+  assert _summary_counts(workdir) == {
+      (t, e): 1 for t in TAGS for e in (1, 2, 3)
+  }
 
 
 def test_sigkill_in_the_middle_of_an_epoch_loses_only_that_epoch(

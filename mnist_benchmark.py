@@ -40,12 +40,18 @@ def summarize(scalars, wall_time_s: float, peak_rss_mb: float) -> dict:
   epochs = sorted(accuracy)
   times = [accuracy[e][1] for e in epochs]
   intervals = [b - a for a, b in zip(times, times[1:])]
-  throughput = [v for e, (v, _) in sorted(scalars['train_images_per_sec'].items())]
+  throughput = [
+      v for e, (v, _) in sorted(scalars['train_images_per_sec'].items())
+  ]
   return {
       'epochs': len(epochs),
       'wall_time_s': round(wall_time_s, 2),
-      'seconds_per_epoch': round(statistics.median(intervals), 3) if intervals else None,
-      'train_images_per_sec': round(statistics.median(throughput[1:] or throughput), 1),
+      'seconds_per_epoch': round(statistics.median(intervals), 3)
+      if intervals
+      else None,
+      'train_images_per_sec': round(
+          statistics.median(throughput[1:] or throughput), 1
+      ),
       'final_test_accuracy': accuracy[epochs[-1]][0],
       'best_test_accuracy': max(v for v, _ in accuracy.values()),
       'peak_rss_mb': round(peak_rss_mb, 1),
@@ -60,7 +66,9 @@ def run(argv) -> None:
     main.main(argv)
   wall_time = time.perf_counter() - start
   peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-  result = summarize(summaries.read_scalars(FLAGS.workdir), wall_time, peak_rss_mb)
+  result = summarize(
+      summaries.read_scalars(FLAGS.workdir), wall_time, peak_rss_mb
+  )
   result['config'] = FLAGS.config.to_dict()
   result['loop'] = 'reference' if FLAGS.reference else 'ours'
   for key, value in result.items():

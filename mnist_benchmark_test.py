@@ -13,12 +13,22 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 def test_summarize_takes_medians_after_the_first_epoch():
   scalars = {
-      'test_accuracy': {1: (0.97, 100.0), 2: (0.985, 130.0), 3: (0.99, 150.0),
-                        4: (0.992, 190.0)},
-      'train_images_per_sec': {1: (100.0, 0), 2: (300.0, 0), 3: (200.0, 0),
-                               4: (250.0, 0)},
+      'test_accuracy': {
+          1: (0.97, 100.0),
+          2: (0.985, 130.0),
+          3: (0.99, 150.0),
+          4: (0.992, 190.0),
+      },
+      'train_images_per_sec': {
+          1: (100.0, 0),
+          2: (300.0, 0),
+          3: (200.0, 0),
+          4: (250.0, 0),
+      },
   }
-  result = mnist_benchmark.summarize(scalars, wall_time_s=200.0, peak_rss_mb=512.0)
+  result = mnist_benchmark.summarize(
+      scalars, wall_time_s=200.0, peak_rss_mb=512.0
+  )
   assert result['epochs'] == 4
   assert result['seconds_per_epoch'] == 30.0  # median of 30, 20 and 40
   assert result['train_images_per_sec'] == 250.0  # median of 300, 200, 250
@@ -31,12 +41,21 @@ def test_tiny_run_prints_json_and_fails_on_low_accuracy(
     mnist_data_dir, tmp_path, loop
 ):
   result = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'mnist_benchmark.py'),
-       f'--workdir={tmp_path}', '--config=configs/default.py',
-       '--config.num_epochs=2', f'--config.data_dir={mnist_data_dir}',
-       '--config.train_split=train[:256]', '--config.test_split=test[:100]',
-       f'--reference={loop == "reference"}'],
-      capture_output=True, text=True, cwd=ROOT, timeout=600,
+      [
+          sys.executable,
+          os.path.join(ROOT, 'mnist_benchmark.py'),
+          f'--workdir={tmp_path}',
+          '--config=configs/default.py',
+          '--config.num_epochs=2',
+          f'--config.data_dir={mnist_data_dir}',
+          '--config.train_split=train[:256]',
+          '--config.test_split=test[:100]',
+          f'--reference={loop == "reference"}',
+      ],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      timeout=600,
   )
   report = json.loads(result.stdout.strip().splitlines()[-1])
   assert report['loop'] == loop

@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 # Trains a config and prints JSON: the summary, what the first batches'
 # sharding is, and the number of test examples evaluation scored.
 # argv: the config as JSON, workdir.
-SMALL_RUN = '''
+SMALL_RUN = """
 import json, sys
 import jax
 import ml_collections
@@ -35,15 +35,21 @@ print(json.dumps({
     'test_batch_shape': list(test['image'].shape),
     'eval_count': len(predicted),
 }))
-'''
+"""
 
 
 def _run(script, *args, devices=1, extra_env=None):
-  env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+  env = dict(
+      os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}'
+  )
   env.update(extra_env or {})
   return subprocess.run(
-      [sys.executable, '-c', script, *args], capture_output=True, text=True,
-      cwd=ROOT, env=env, timeout=600,
+      [sys.executable, '-c', script, *args],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      env=env,
+      timeout=600,
   )
 
 
@@ -56,7 +62,9 @@ def _config_json(small_config, **fields) -> str:
   return json.dumps(small_config(**fields).to_dict())
 
 
-def test_four_devices_shard_the_batch_and_match_one_device(small_config, tmp_path):
+def test_four_devices_shard_the_batch_and_match_one_device(
+    small_config, tmp_path
+):
   config = _config_json(small_config, eval_batch_size=32)
   one = _json(_run(SMALL_RUN, config, str(tmp_path / 'one'), devices=1))
   four = _json(_run(SMALL_RUN, config, str(tmp_path / 'four'), devices=4))
@@ -84,7 +92,7 @@ def test_batch_size_must_divide_over_the_devices(small_config, tmp_path):
 # One of two processes: trains 4 steps of 128 (64 from each process's half of
 # the data) and prints the sums of the final parameters. argv: the config as
 # JSON, coordinator port, process id.
-TWO_PROCESS_STEPS = '''
+TWO_PROCESS_STEPS = """
 import json, sys
 import jax
 jax.distributed.initialize(f'127.0.0.1:{sys.argv[2]}', 2, int(sys.argv[3]))
@@ -102,7 +110,8 @@ metrics = train.create_metrics()
 objects = (model, optimizer, metrics)
 nnx.update(objects, parallel.replicate(nnx.state(objects), mesh))
 with cpu_levers.applied(config, model):
-  train.train_epoch(model, optimizer, metrics, data, order, 2, mesh)
+  config.steps_per_call = 2
+  train.train_epoch(model, optimizer, metrics, data, order, mesh, config)
 params = parallel.local_copy(nnx.state(model, nnx.Param))
 print(json.dumps({
     'processes': jax.process_count(), 'devices': jax.device_count(),
@@ -110,7 +119,7 @@ print(json.dumps({
     'sums': [float(np.abs(np.asarray(x)).sum()) for x in jax.tree.leaves(params)],
     'loss': float(metrics.compute()['loss']),
 }))
-'''
+"""
 
 
 def test_two_processes_train_together_and_agree(small_config):
@@ -122,7 +131,10 @@ def test_two_processes_train_together_and_agree(small_config):
   processes = [
       subprocess.Popen(
           [sys.executable, '-c', TWO_PROCESS_STEPS, config, port, str(i)],
-          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+          cwd=ROOT,
           env=env,
       )
       for i in range(2)

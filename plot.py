@@ -30,13 +30,20 @@ def plot_curves(scalars, path: str) -> None:
   backend_agg.FigureCanvasAgg(fig)
   loss_ax, accuracy_ax = fig.subplots(1, 2)
   for split in ('train', 'test'):
-    for ax, name, scale in ((loss_ax, 'loss', 1), (accuracy_ax, 'accuracy', 100)):
+    for ax, name, scale in (
+        (loss_ax, 'loss', 1),
+        (accuracy_ax, 'accuracy', 100),
+    ):
       points = sorted(scalars.get(f'{split}_{name}', {}).items())
       ax.plot(
-          [epoch for epoch, _ in points], [v * scale for _, (v, _) in points],
-          marker='o', label=split,
+          [epoch for epoch, _ in points],
+          [v * scale for _, (v, _) in points],
+          marker='o',
+          label=split,
       )
-  loss_ax.set(xlabel='epoch', ylabel='loss', title='cross-entropy', yscale='log')
+  loss_ax.set(
+      xlabel='epoch', ylabel='loss', title='cross-entropy', yscale='log'
+  )
   accuracy_ax.set(xlabel='epoch', ylabel='accuracy (%)', title='accuracy')
   for ax in (loss_ax, accuracy_ax):
     ax.grid(alpha=0.3)

@@ -17,10 +17,15 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 def _workdir_with_epochs(path, epochs: int) -> str:
   writer = metric_writers.create_default_writer(str(path))
   for epoch in range(1, epochs + 1):
-    writer.write_scalars(epoch, {
-        'train_loss': 1 / epoch, 'train_accuracy': 1 - 0.1 / epoch,
-        'test_loss': 1.2 / epoch, 'test_accuracy': 1 - 0.12 / epoch,
-    })
+    writer.write_scalars(
+        epoch,
+        {
+            'train_loss': 1 / epoch,
+            'train_accuracy': 1 - 0.1 / epoch,
+            'test_loss': 1.2 / epoch,
+            'test_accuracy': 1 - 0.12 / epoch,
+        },
+    )
   writer.flush()
   return str(path)
 
@@ -30,9 +35,11 @@ def test_plot_writes_a_png_of_the_curves(tmp_path):
   out = str(tmp_path / 'curves.png')
   subprocess.run(
       [sys.executable, 'plot.py', f'--workdir={workdir}', f'--out={out}'],
-      check=True, capture_output=True, cwd=ROOT, timeout=300,
+      check=True,
+      capture_output=True,
+      cwd=ROOT,
+      timeout=300,
   )
   image = tf.image.decode_png(tf.io.read_file(out)).numpy()
   assert image.shape == (400, 1000, 4)
   assert len(np.unique(image.reshape(-1, 4), axis=0)) > 10  # Drawn, not blank.
-

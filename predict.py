@@ -33,7 +33,8 @@ from PIL import UnidentifiedImageError
 FLAGS = flags.FLAGS
 
 flags.DEFINE_string(
-    'saved_model', None,
+    'saved_model',
+    None,
     'Run the SavedModel locally in TensorFlow: a version directory, or the '
     'model directory (<workdir>/export/mnist), whose highest version is used.',
 )
@@ -140,8 +141,10 @@ def find_saved_model(directory: str) -> str:
   if os.path.isfile(os.path.join(directory, 'saved_model.pb')):
     return directory
   versions = [
-      int(d) for d in (os.listdir(directory) if os.path.isdir(directory) else [])
-      if d.isdigit() and os.path.isfile(os.path.join(directory, d, 'saved_model.pb'))
+      int(d)
+      for d in (os.listdir(directory) if os.path.isdir(directory) else [])
+      if d.isdigit()
+      and os.path.isfile(os.path.join(directory, d, 'saved_model.pb'))
   ]
   if not versions:
     raise InputError(
@@ -184,8 +187,9 @@ def rest_request(images: np.ndarray, signature: str) -> dict:
 class RestClassifier:
   """POSTs to TF Serving's REST API: /v1/models/<model>:predict."""
 
-  def __init__(self, address: str, model_name: str, signature: str,
-               timeout: float):
+  def __init__(
+      self, address: str, model_name: str, signature: str, timeout: float
+  ):
     self.address = address
     self.url = f'http://{address}/v1/models/{model_name}:predict'
     self.signature = signature
@@ -227,8 +231,10 @@ def _rest_outputs(body, n: int, address: str) -> dict[str, np.ndarray]:
   """The named outputs of a row-format response: a list of n objects."""
   rows = body.get('predictions') if isinstance(body, dict) else None
   try:
-    outputs = {k: np.array([row[k] for row in rows], np.float32)
-               for k in ('probabilities', 'logits')}
+    outputs = {
+        k: np.array([row[k] for row in rows], np.float32)
+        for k in ('probabilities', 'logits')
+    }
   except (TypeError, KeyError, ValueError):
     raise InputError(
         f'server {address} answered without predictions of logits and '
@@ -242,8 +248,9 @@ def _rest_outputs(body, n: int, address: str) -> dict[str, np.ndarray]:
 class GrpcClassifier:
   """Calls TF Serving's gRPC PredictionService.Predict."""
 
-  def __init__(self, address: str, model_name: str, signature: str,
-               timeout: float):
+  def __init__(
+      self, address: str, model_name: str, signature: str, timeout: float
+  ):
     import grpc  # pylint: disable=g-import-not-at-top
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=g-import-not-at-top
@@ -254,7 +261,9 @@ class GrpcClassifier:
     self.signature = signature
     self.timeout = timeout
     self._channel = grpc.insecure_channel(address)
-    self._stub = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
+    self._stub = prediction_service_pb2_grpc.PredictionServiceStub(
+        self._channel
+    )
 
   def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
     request = grpc_request(images, self.model_name, self.signature)
@@ -262,8 +271,10 @@ class GrpcClassifier:
       response = self._stub.Predict(request, timeout=self.timeout)
     except self._grpc.RpcError as e:
       code = e.code()
-      if code in (self._grpc.StatusCode.UNAVAILABLE,
-                  self._grpc.StatusCode.DEADLINE_EXCEEDED):
+      if code in (
+          self._grpc.StatusCode.UNAVAILABLE,
+          self._grpc.StatusCode.DEADLINE_EXCEEDED,
+      ):
         raise InputError(
             f'server {self.address} does not answer ({code.name}: '
             f'{_one_line(e.details())})'
@@ -272,8 +283,10 @@ class GrpcClassifier:
           f'server {self.address} answered {code.name}: {_one_line(e.details())}'
       ) from None
     try:
-      outputs = {k: self._tf.make_ndarray(response.outputs[k])
-                 for k in ('probabilities', 'logits')}
+      outputs = {
+          k: self._tf.make_ndarray(response.outputs[k])
+          for k in ('probabilities', 'logits')
+      }
     except (KeyError, TypeError, ValueError):
       raise InputError(
           f'server {self.address} answered without logits and probabilities'
@@ -302,8 +315,14 @@ def grpc_request(images: np.ndarray, model_name: str, signature: str):
 # The command.
 
 
-def classify(paths, classifier, invert=False, as_json=False,
-             out=sys.stdout, err=sys.stderr) -> int:
+def classify(
+    paths,
+    classifier,
+    invert=False,
+    as_json=False,
+    out=sys.stdout,
+    err=sys.stderr,
+) -> int:
   """Prints the digit of every image in `paths`; returns the number of failures.
 
   Every input is sent on its own, so that a bad one is named and the others
@@ -322,13 +341,18 @@ def classify(paths, classifier, invert=False, as_json=False,
       name = f'{path}[{i}]' if many else path
       digit = int(np.argmax(probabilities))
       if as_json:
-        print(json.dumps({
-            'input': name,
-            'digit': digit,
-            'probability': float(probabilities[digit]),
-            'probabilities': [float(p) for p in probabilities],
-            'logits': [float(l) for l in outputs['logits'][i]],
-        }), file=out)
+        print(
+            json.dumps(
+                {
+                    'input': name,
+                    'digit': digit,
+                    'probability': float(probabilities[digit]),
+                    'probabilities': [float(p) for p in probabilities],
+                    'logits': [float(l) for l in outputs['logits'][i]],
+                }
+            ),
+            file=out,
+        )
       else:
         print(f'{name}: {digit} ({probabilities[digit]:.4f})', file=out)
   return failures

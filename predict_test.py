@@ -36,7 +36,9 @@ SERVER_LIFETIME_SECS = 600
 def _run_signature(signatures, name: str, inputs: dict) -> dict:
   """Runs signature `name` on `inputs` as TF Serving does, or raises KeyError."""
   function = signatures[name or 'serving_default']
-  outputs = function(**{k: tf.constant(v, tf.float32) for k, v in inputs.items()})
+  outputs = function(
+      **{k: tf.constant(v, tf.float32) for k, v in inputs.items()}
+  )
   return {k: v.numpy() for k, v in outputs.items()}
 
 
@@ -52,17 +54,24 @@ class _RestHandler(http.server.BaseHTTPRequestHandler):
   def do_POST(self):  # pylint: disable=invalid-name
     body = self.rfile.read(int(self.headers['Content-Length']))
     self.requests.append((self.command, self.path, dict(self.headers), body))
-    match = re.fullmatch(r'/v1/models/([^/:]+)(/versions/\d+)?:predict', self.path)
+    match = re.fullmatch(
+        r'/v1/models/([^/:]+)(/versions/\d+)?:predict', self.path
+    )
     if not match or match.group(1) != 'mnist':
       name = match.group(1) if match else self.path
-      return self._answer(404, {'error': f'Servable not found for request: Latest({name})'})
+      return self._answer(
+          404, {'error': f'Servable not found for request: Latest({name})'}
+      )
     try:
       request = json.loads(body)
       signature = request.get('signature_name', 'serving_default')
       if signature not in self.signatures:
-        return self._answer(400, {
-            'error': f'Serving signature name: "{signature}" not found in signature def'
-        })
+        return self._answer(
+            400,
+            {
+                'error': f'Serving signature name: "{signature}" not found in signature def'
+            },
+        )
       instances = request['instances']
       if isinstance(instances[0], dict):
         inputs = {k: [row[k] for row in instances] for k in instances[0]}
@@ -93,7 +102,9 @@ class _RestHandler(http.server.BaseHTTPRequestHandler):
 # A stand-in for TF Serving's gRPC PredictionService (port 8500).
 
 
-class _PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
+class _PredictionServicer(
+    prediction_service_pb2_grpc.PredictionServiceServicer
+):
   """Predict, as TF Serving answers it: named TensorProtos in and out."""
 
   def __init__(self, signatures):
@@ -136,9 +147,14 @@ def signatures(trained_export):
 @pytest.fixture(scope='module')
 def rest_server(signatures):
   """The loopback REST server: its HOST:PORT and the requests it received."""
-  handler = type('Handler', (_RestHandler,), {
-      'signatures': signatures[1], 'requests': [],
-  })
+  handler = type(
+      'Handler',
+      (_RestHandler,),
+      {
+          'signatures': signatures[1],
+          'requests': [],
+      },
+  )
   server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
   server.daemon_threads = True
   threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -195,7 +211,9 @@ def bad_inputs(tmp_path_factory, mnist_test_images) -> dict[str, str]:
   wrong = directory / 'wrong.npy'
   np.save(wrong, np.zeros((3, 32, 32), np.uint8))
   good = directory / 'batch.npy'
-  np.save(good, (mnist_test_images[0][:3, ..., 0] * 255).round().astype(np.uint8))
+  np.save(
+      good, (mnist_test_images[0][:3, ..., 0] * 255).round().astype(np.uint8)
+  )
   return {
       'missing': str(directory / 'missing.png'),
       'not_image': str(text),
@@ -218,7 +236,8 @@ def test_pngs_of_mnist_are_read_as_training_reads_mnist(pngs, mnist_files):
   raw, labels = mnist_pngs.read_test_set(mnist_files)
   assert labels[:10].tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
   assert [os.path.basename(p) for p in pngs[:2]] == [
-      'test_00000_label_7.png', 'test_00001_label_2.png'
+      'test_00000_label_7.png',
+      'test_00001_label_2.png',
   ]
   # input_pipeline's own normalisation of the same pixels.
   seen = input_pipeline.to_arrays(raw[:10], labels[:10])['image']
@@ -239,7 +258,9 @@ def test_images_of_any_size_and_colour_become_28x28_grey(pngs, tmp_path):
   np.testing.assert_allclose(inverted, 1.0 - original)
 
 
-@pytest.mark.parametrize('shape', [(28, 28), (28, 28, 1), (4, 28, 28), (4, 28, 28, 1)])
+@pytest.mark.parametrize(
+    'shape', [(28, 28), (28, 28, 1), (4, 28, 28), (4, 28, 28, 1)]
+)
 def test_arrays_of_one_or_many_images(tmp_path, shape):
   array = np.random.RandomState(0).randint(0, 256, shape).astype(np.uint8)
   np.save(tmp_path / 'a.npy', array)
@@ -247,16 +268,21 @@ def test_arrays_of_one_or_many_images(tmp_path, shape):
   assert images.shape == (int(np.prod(shape)) // 784, 28, 28, 1)
   np.testing.assert_array_equal(images.ravel(), array.ravel() / np.float32(255))
   np.save(tmp_path / 'f.npy', images)
-  np.testing.assert_array_equal(predict.load_input(str(tmp_path / 'f.npy')), images)
+  np.testing.assert_array_equal(
+      predict.load_input(str(tmp_path / 'f.npy')), images
+  )
 
 
-@pytest.mark.parametrize('array, cause', [
-    (np.zeros((28, 27)), 'array of shape (28, 27), expected'),
-    (np.zeros((2, 28, 28, 3)), 'array of shape (2, 28, 28, 3), expected'),
-    (np.zeros((0, 28, 28)), 'holds no image'),
-    (np.full((28, 28), 2.0), 'float array with values outside [0, 1]'),
-    (np.zeros((28, 28), np.int64), 'array of dtype int64'),
-])
+@pytest.mark.parametrize(
+    'array, cause',
+    [
+        (np.zeros((28, 27)), 'array of shape (28, 27), expected'),
+        (np.zeros((2, 28, 28, 3)), 'array of shape (2, 28, 28, 3), expected'),
+        (np.zeros((0, 28, 28)), 'holds no image'),
+        (np.full((28, 28), 2.0), 'float array with values outside [0, 1]'),
+        (np.zeros((28, 28), np.int64), 'array of dtype int64'),
+    ],
+)
 def test_bad_arrays_are_rejected(tmp_path, array, cause):
   np.save(tmp_path / 'a.npy', array)
   with pytest.raises(predict.InputError, match=re.escape(cause)):
@@ -315,15 +341,24 @@ def test_grpc_request_is_what_tf_serving_documents(grpc_server, pngs):
 
 @pytest.mark.parametrize('way', ['saved_model', 'rest', 'grpc'])
 def test_each_way_predicts_what_the_jax_model_does(
-    way, trained_model, trained_export, rest_server, grpc_server, pngs, bad_inputs
+    way,
+    trained_model,
+    trained_export,
+    rest_server,
+    grpc_server,
+    pngs,
+    bad_inputs,
 ):
   classifier = {
       'saved_model': lambda: predict.SavedModelClassifier(
-          trained_export, 'serving_default'),
+          trained_export, 'serving_default'
+      ),
       'rest': lambda: predict.RestClassifier(
-          rest_server[0], 'mnist', 'serving_default', 10.0),
+          rest_server[0], 'mnist', 'serving_default', 10.0
+      ),
       'grpc': lambda: predict.GrpcClassifier(
-          grpc_server[0], 'mnist', 'serving_default', 10.0),
+          grpc_server[0], 'mnist', 'serving_default', 10.0
+      ),
   }[way]()
   paths = pngs + [bad_inputs['good_npy']]
   failures, out, err = _classify(paths, classifier, as_json=True)
@@ -345,8 +380,13 @@ def test_each_way_predicts_what_the_jax_model_does(
 
 
 def _check_bad_inputs(classifier, pngs, bad_inputs):
-  paths = [bad_inputs['missing'], pngs[0], bad_inputs['not_image'],
-           bad_inputs['wrong_shape'], pngs[1]]
+  paths = [
+      bad_inputs['missing'],
+      pngs[0],
+      bad_inputs['not_image'],
+      bad_inputs['wrong_shape'],
+      pngs[1],
+  ]
   failures, out, err = _classify(paths, classifier)
   assert failures == 3
   assert [line.split(':')[0] for line in out] == [pngs[0], pngs[1]]
@@ -361,14 +401,16 @@ def _check_bad_inputs(classifier, pngs, bad_inputs):
 def test_bad_files_rest(rest_server, pngs, bad_inputs):
   _check_bad_inputs(
       predict.RestClassifier(rest_server[0], 'mnist', 'serving_default', 10.0),
-      pngs, bad_inputs,
+      pngs,
+      bad_inputs,
   )
 
 
 def test_bad_files_grpc(grpc_server, pngs, bad_inputs):
   _check_bad_inputs(
       predict.GrpcClassifier(grpc_server[0], 'mnist', 'serving_default', 10.0),
-      pngs, bad_inputs,
+      pngs,
+      bad_inputs,
   )
 
 
@@ -391,28 +433,45 @@ def test_a_server_that_does_not_answer_in_time(pngs):
     listener.bind(('127.0.0.1', 0))
     listener.listen()
     address = f'127.0.0.1:{listener.getsockname()[1]}'
-    classifier = predict.RestClassifier(address, 'mnist', 'serving_default', 0.5)
+    classifier = predict.RestClassifier(
+        address, 'mnist', 'serving_default', 0.5
+    )
     failures, _, err = _classify(pngs[:1], classifier)
   assert failures == 1
-  assert err == [f'error: {pngs[0]}: server {address} does not answer (timed out)']
+  assert err == [
+      f'error: {pngs[0]}: server {address} does not answer (timed out)'
+  ]
 
 
-@pytest.mark.parametrize('model_name, signature, cause', [
-    ('mnsit', 'serving_default',
-     'Servable not found for request: Latest(mnsit)'),
-    ('mnist', 'predict',
-     'Serving signature name: "predict" not found in signature def'),
-])
+@pytest.mark.parametrize(
+    'model_name, signature, cause',
+    [
+        (
+            'mnsit',
+            'serving_default',
+            'Servable not found for request: Latest(mnsit)',
+        ),
+        (
+            'mnist',
+            'predict',
+            'Serving signature name: "predict" not found in signature def',
+        ),
+    ],
+)
 def test_a_server_that_answers_with_an_error(
     rest_server, grpc_server, pngs, model_name, signature, cause
 ):
   status = {'mnsit': ('404', 'NOT_FOUND'), 'mnist': ('400', 'INVALID_ARGUMENT')}
   rest_status, grpc_status = status[model_name]
   for classifier, answer in (
-      (predict.RestClassifier(rest_server[0], model_name, signature, 10.0),
-       f'server {rest_server[0]} answered {rest_status}: {cause}'),
-      (predict.GrpcClassifier(grpc_server[0], model_name, signature, 10.0),
-       f'server {grpc_server[0]} answered {grpc_status}: {cause}'),
+      (
+          predict.RestClassifier(rest_server[0], model_name, signature, 10.0),
+          f'server {rest_server[0]} answered {rest_status}: {cause}',
+      ),
+      (
+          predict.GrpcClassifier(grpc_server[0], model_name, signature, 10.0),
+          f'server {grpc_server[0]} answered {grpc_status}: {cause}',
+      ),
   ):
     failures, out, err = _classify(pngs[:1], classifier)
     assert (failures, out) == (1, [])
@@ -422,7 +481,9 @@ def test_a_server_that_answers_with_an_error(
 # The command line.
 
 
-def _predict(*args: str, block_jax: bool = False) -> subprocess.CompletedProcess:
+def _predict(
+    *args: str, block_jax: bool = False
+) -> subprocess.CompletedProcess:
   """Runs predict.py; with `block_jax`, in a Python that cannot import JAX."""
   prelude = 'import sys; '
   if block_jax:
@@ -433,7 +494,10 @@ def _predict(*args: str, block_jax: bool = False) -> subprocess.CompletedProcess
   )
   return subprocess.run(
       [sys.executable, '-c', script, os.path.join(ROOT, 'predict.py'), *args],
-      capture_output=True, text=True, cwd=ROOT, timeout=300,
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      timeout=300,
   )
 
 
@@ -442,7 +506,9 @@ def test_command_saved_model_without_jax(
 ):
   result = _predict(
       f'--saved_model={os.path.dirname(trained_export)}',
-      *pngs, bad_inputs['not_image'], bad_inputs['good_npy'],
+      *pngs,
+      bad_inputs['not_image'],
+      bad_inputs['good_npy'],
       block_jax=True,
   )
   assert result.returncode == 1, result.stderr
@@ -472,7 +538,11 @@ def test_command_server_json(rest_server, grpc_server, pngs):
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r['input'] for r in rows] == pngs[:2]
     assert sorted(rows[0]) == [
-        'digit', 'input', 'logits', 'probabilities', 'probability'
+        'digit',
+        'input',
+        'logits',
+        'probabilities',
+        'probability',
     ]
 
 

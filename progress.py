@@ -15,6 +15,7 @@ from typing import TextIO
 
 from clu import metric_writers
 from clu import periodic_actions
+import ml_collections
 
 WIDTH = 20  # Characters of the bar itself.
 CLEAR_LINE = '\r\x1b[K'
@@ -24,8 +25,11 @@ class EpochProgress:
   """The `on_steps` callback of `train.train_epoch`, for one epoch at a time."""
 
   def __init__(
-      self, report_progress: periodic_actions.ReportProgress,
-      steps_per_epoch: int, batch_size: int, num_epochs: int,
+      self,
+      report_progress: periodic_actions.ReportProgress,
+      steps_per_epoch: int,
+      batch_size: int,
+      num_epochs: int,
       writer: metric_writers.MetricWriter | None = None,
       stream: TextIO | None = None,
   ):
@@ -36,21 +40,51 @@ class EpochProgress:
     self._num_epochs = num_epochs
     self._stream = stream or sys.stderr
     self.bar = self._stream.isatty()
-    self._epoch, self._start = 0, 0.0
+    self._epoch, self._first, self._start = 0, 0, 0.0
 
-  def start(self, epoch: int) -> None:
-    """Starts counting the steps and time of `epoch` (from 1)."""
-    self._epoch, self._start = epoch, time.perf_counter()
+  @classmethod
+  def create(
+      cls,
+      config: ml_collections.ConfigDict,
+      steps_per_epoch: int,
+      writer: metric_writers.MetricWriter,
+  ) -> 'EpochProgress':
+    """With clu's ReportProgress every `config.progress_every_secs`."""
+    report_progress = periodic_actions.ReportProgress(
+        num_train_steps=config.num_epochs * steps_per_epoch,
+        writer=writer,
+        every_secs=config.progress_every_secs,
+    )
+    return cls(
+        report_progress,
+        steps_per_epoch,
+        config.batch_size,
+        config.num_epochs,
+        writer,
+    )
 
-  def __call__(self, steps: int) -> None:
-    """Reports `steps` done in the current epoch."""
+  def start(self, epoch: int, step: int | None = None) -> None:
+    """Starts timing `epoch` (from 1) at global `step` (its first, if None).
+
+    A resumed run starts an epoch in its middle.
+    """
+    first = (epoch - 1) * self._steps_per_epoch
+    self._epoch, self._first = epoch, first if step is None else step
+    self._start = time.perf_counter()
+
+  def __call__(self, step: int) -> None:
+    """Reports the run's global `step` reached, in the current epoch."""
     if self.bar:
       self._stream.write(CLEAR_LINE)
-    reported = self._report((self._epoch - 1) * self._steps_per_epoch + steps)
+    reported = self._report(step)
     if self.bar:
       if reported and self._writer:
         self._writer.flush()  # Its log lines, before the bar is redrawn.
-      self._stream.write('\r' + self.line(steps, time.perf_counter() - self._start))
+      seconds = time.perf_counter() - self._start
+      in_epoch = step - (self._epoch - 1) * self._steps_per_epoch
+      self._stream.write(
+          '\r' + self.line(in_epoch, seconds, step - self._first)
+      )
       self._stream.flush()
 
   def end(self) -> None:
@@ -59,11 +93,12 @@ class EpochProgress:
       self._stream.write('\n')
       self._stream.flush()
 
-  def line(self, steps: int, seconds: float) -> str:
-    """The bar after `steps` of the epoch in `seconds`."""
+  def line(self, steps: int, seconds: float, timed: int | None = None) -> str:
+    """The bar after `steps` of the epoch, `timed` of them (all if None) in `seconds`."""
     total = self._steps_per_epoch
     filled = WIDTH * steps // total
-    rate = steps / seconds if seconds > 0 else 0.0
+    timed = steps if timed is None else timed
+    rate = timed / seconds if seconds > 0 else 0.0
     eta = (total - steps) / rate if rate else 0.0
     return (
         f'epoch {self._epoch}/{self._num_epochs} '

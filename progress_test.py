@@ -43,8 +43,8 @@ def _run_epoch(tty: bool, epoch: int = 2):
   report = FakeReport(stream)
   display = progress.EpochProgress(report, 10, 128, 3, report, stream=stream)
   display.start(epoch)
-  for steps in (4, 8, 10):
-    display(steps)
+  for step in (14, 18, 20):  # Steps of the run: epoch 2 starts after 10.
+    display(step)
   display.end()
   return display, report, stream.getvalue()
 

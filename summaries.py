@@ -39,14 +39,13 @@ class NewStepsWriter:
   deterministic) are not summarised twice.
   """
 
-  def __init__(
-      self, writer: metric_writers.MetricWriter, last: dict[str, int]
-  ):
+  def __init__(self, writer: metric_writers.MetricWriter, last: dict[str, int]):
     self._writer, self._last = writer, last
 
   def _new(self, step: int, values: dict) -> dict:
     return {
-        k: v for k, v in values.items()
+        k: v
+        for k, v in values.items()
         if k not in self._last or step > self._last[k]
     }
 
@@ -67,10 +66,12 @@ class NewStepsWriter:
 
 
 def create_writer(
-    workdir: str, config: ml_collections.ConfigDict
+    workdir: str, config: ml_collections.ConfigDict, params
 ) -> NewStepsWriter:
-  """The writer of `workdir`'s summaries; the hyperparameters on a fresh start.
+  """The writer of `workdir`'s summaries, the run's information written.
 
+  On a fresh start, the hyperparameters, the config and the number of
+  `params` (a pytree of the trained parameters); a resumed run has them.
   Only process 0 writes event files; the others log.
   """
   last = last_steps(workdir)
@@ -79,11 +80,16 @@ def create_writer(
   )
   if not last:
     writer.write_hparams(config.to_dict())
-  return NewStepsWriter(writer, last)
+  writer = NewStepsWriter(writer, last)
+  write_run_info(writer, config, params)
+  return writer
 
 
 def misclassified_grid(
-    images: np.ndarray, labels: np.ndarray, predicted: np.ndarray, title: str = ''
+    images: np.ndarray,
+    labels: np.ndarray,
+    predicted: np.ndarray,
+    title: str = '',
 ) -> np.ndarray:
   """The first GRID**2 test digits whose prediction is wrong, tiled.
 
@@ -96,11 +102,15 @@ def misclassified_grid(
   grid = Image.new('RGB', (GRID * size, HEADER + GRID * cell_h))
   draw = ImageDraw.Draw(grid)
   draw.text(
-      (4, 4), f'{title}{len(wrong)} of {len(labels)} misclassified', fill='white'
+      (4, 4),
+      f'{title}{len(wrong)} of {len(labels)} misclassified',
+      fill='white',
   )
   for n, i in enumerate(wrong[: GRID * GRID]):
     x, y = (n % GRID) * size, HEADER + (n // GRID) * cell_h
-    digit = (images[i].reshape(images.shape[1:3]) * 255).round().astype(np.uint8)
+    digit = (
+        (images[i].reshape(images.shape[1:3]) * 255).round().astype(np.uint8)
+    )
     digit = digit.repeat(SCALE, axis=0).repeat(SCALE, axis=1)
     grid.paste(Image.fromarray(digit).convert('RGB'), (x, y))
     draw.text((x + 4, y + size + 1), f'pred {predicted[i]}', fill=(255, 90, 90))
@@ -128,7 +138,12 @@ def confusion_matrix_image(matrix: np.ndarray, title: str = '') -> np.ndarray:
   threshold = np.log1p(matrix).max() / 2
   for (true, pred), count in np.ndenumerate(matrix):
     ax.text(
-        pred, true, str(count), ha='center', va='center', fontsize=8,
+        pred,
+        true,
+        str(count),
+        ha='center',
+        va='center',
+        fontsize=8,
         color='white' if np.log1p(count) > threshold else 'black',
     )
   ticks = range(len(matrix))
@@ -141,7 +156,8 @@ def confusion_matrix_image(matrix: np.ndarray, title: str = '') -> np.ndarray:
 
 
 def write_run_info(
-    writer: metric_writers.MetricWriter, config: ml_collections.ConfigDict,
+    writer: metric_writers.MetricWriter,
+    config: ml_collections.ConfigDict,
     params,
 ) -> None:
   """The config and the parameter count, as text (markdown in TensorBoard).
@@ -149,16 +165,24 @@ def write_run_info(
   `params` is a pytree of the trained parameters (not BatchNorm statistics).
   """
   count = sum(x.size for x in jax.tree.leaves(params))
-  writer.write_texts(0, {
-      'config': '```\n' + str(config) + '```',
-      'num_params': f'{count:,} parameters',
-  })
+  writer.write_texts(
+      0,
+      {
+          'config': '```\n' + str(config) + '```',
+          'num_params': f'{count:,} parameters',
+      },
+  )
 
 
 def write_epoch(
-    writer: metric_writers.MetricWriter, epoch: int, scalars: dict[str, float],
-    test: dict[str, np.ndarray], predicted: np.ndarray, learning_rate,
-    steps_done: int, last: bool,
+    writer: metric_writers.MetricWriter,
+    epoch: int,
+    scalars: dict[str, float],
+    test: dict[str, np.ndarray],
+    predicted: np.ndarray,
+    learning_rate,
+    steps_done: int,
+    last: bool,
 ) -> None:
   """All of an epoch's summaries, flushed.
 

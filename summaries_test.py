@@ -42,7 +42,9 @@ def test_summaries_are_written_and_read_back(tmp_path):
   workdir = str(tmp_path)
   writer = metric_writers.create_default_writer(workdir)
   config = ml_collections.ConfigDict({'learning_rate': 0.1, 'seed': 3})
-  summaries.write_run_info(writer, config, {'w': np.zeros((3, 4)), 'b': np.zeros(4)})
+  summaries.write_run_info(
+      writer, config, {'w': np.zeros((3, 4)), 'b': np.zeros(4)}
+  )
   labels = np.arange(10)
   predicted = (labels + 1) % 10
   schedule = optax.linear_schedule(1.0, 0.0, 100)
@@ -58,12 +60,19 @@ def test_summaries_are_written_and_read_back(tmp_path):
   assert sorted(images['misclassified']) == [1, 2]
   for png in images['misclassified'].values():
     assert tf.image.decode_png(png).shape == (1020, 840, 3)
-  assert tf.image.decode_png(images['confusion_matrix'][2]).shape == (600, 600, 3)
+  assert tf.image.decode_png(images['confusion_matrix'][2]).shape == (
+      600,
+      600,
+      3,
+  )
   # The rate of the epoch's last step (49 of 100), only where it is scheduled.
   scalars = summaries.read_scalars(workdir)
   assert list(scalars['learning_rate']) == [1]
   assert scalars['learning_rate'][1][0] == pytest.approx(0.51)
-  assert {s: v for s, (v, _) in scalars['test_loss'].items()} == {1: 0.5, 2: 0.25}
+  assert {s: v for s, (v, _) in scalars['test_loss'].items()} == {
+      1: 0.5,
+      2: 0.25,
+  }
   texts = summaries.read_texts(workdir)
   assert texts['num_params'] == '16 parameters'
   assert 'learning_rate: 0.1' in texts['config']

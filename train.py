@@ -41,7 +41,7 @@ class Stopped(Exception):
 
 
 class NonFiniteLoss(Exception):
-  """Step `step` (counted from 0 in the order trained) had a NaN or infinite loss."""
+  """Global step `step` (counted from 0) had a NaN or infinite loss."""
 
   def __init__(self, step: int, loss: float):
     super().__init__(f'loss {loss} at step {step}')
@@ -50,7 +50,9 @@ class NonFiniteLoss(Exception):
 
 def create_model(config: ml_collections.ConfigDict) -> models.CNN:
   """The CNN, initialised from `config.seed` (also its dropout stream)."""
-  return models.CNN(dropout_rate=config.dropout_rate, rngs=nnx.Rngs(config.seed))
+  return models.CNN(
+      dropout_rate=config.dropout_rate, rngs=nnx.Rngs(config.seed)
+  )
 
 
 def learning_rate(config: ml_collections.ConfigDict, total_steps: int):
@@ -70,7 +72,9 @@ def create_optimizer(
 ) -> nnx.Optimizer:
   """SGD with momentum over the model's parameters (not BatchNorm statistics)."""
   tx = optax.sgd(
-      learning_rate(config, total_steps), config.momentum, nesterov=config.nesterov
+      learning_rate(config, total_steps),
+      config.momentum,
+      nesterov=config.nesterov,
   )
   return nnx.Optimizer(model, tx, wrt=nnx.Param)
 
@@ -152,23 +156,32 @@ def _eval_batches(graphdef, state, batches):
 
 
 def train_epoch(
-    model, optimizer, metrics, data, order, steps_per_call, mesh,
-    on_steps=lambda step: None, stop=lambda: False,
+    model,
+    optimizer,
+    metrics,
+    data,
+    order,
+    mesh,
+    config,
+    step=0,
+    on_steps=lambda step: None,
+    stop=lambda: False,
 ) -> int:
   """Trains on the batches `data[order[i]]` of this process's share of data.
 
   `order` holds `(steps, batch / process count)` indices into `data`; each
   process passes its own, and every step trains on the union of their
-  batches. `steps_per_call` steps run per dispatch, their batches gathered
-  on the host. After each dispatch has finished, its losses are checked (a
-  NaN would otherwise spread silently through the rest of the run),
-  `on_steps(n)` is called with the number of steps done so far, and `stop()`
-  is asked whether to stop there. Waiting for each dispatch makes progress
-  reports true (JAX dispatches asynchronously); it costs about a
-  millisecond of Python a call.
+  batches. `step` is the run's global step at `order[0]`.
+  `config.steps_per_call` steps run per dispatch, their batches gathered on the host. After each
+  dispatch has finished, its losses are checked (a NaN would otherwise
+  spread silently through the rest of the run), `on_steps(step)` is called
+  with the global step reached, and `stop()` is asked whether to stop
+  there. Waiting for each dispatch makes progress reports true (JAX
+  dispatches asynchronously); it costs about a millisecond of Python a call.
 
   Returns:
-    The number of steps done: `len(order)`, or fewer if `stop()` was true.
+    The global step reached: `step + len(order)`, or less if `stop()` was
+    true.
 
   Raises:
     NonFiniteLoss: for the first step whose loss was NaN or infinite; the
@@ -179,21 +192,21 @@ def train_epoch(
   done = 0
   try:
     while done < len(order):
-      chunk = order[done : done + steps_per_call]
+      chunk = order[done : done + config.steps_per_call]
       batches = parallel.global_batches(
           mesh, {k: v[chunk] for k, v in data.items()}
       )
       state, losses = _train_steps(graphdef, mesh, state, batches)
       bad = np.flatnonzero(~np.isfinite(losses))
       if bad.size:
-        raise NonFiniteLoss(done + int(bad[0]), float(losses[bad[0]]))
+        raise NonFiniteLoss(step + done + int(bad[0]), float(losses[bad[0]]))
       done += len(chunk)
-      on_steps(done)
+      on_steps(step + done)
       if stop():
         break
   finally:
     nnx.update((model, optimizer, metrics), state)
-  return done
+  return step + done
 
 
 def evaluate(model, metrics, batches) -> dict[str, float]:
@@ -237,6 +250,21 @@ def format_epoch(epoch: int, summary: dict[str, float]) -> str:
   )
 
 
+def _rest_of_epoch(config, step: int, train_data, steps_per_epoch: int):
+  """This process's indices into its `train_data`, per step from `step` on.
+
+  The steps left in the epoch of global `step`: all of them at its start.
+  """
+  epoch, done = divmod(step, steps_per_epoch)
+  order = input_pipeline.epoch_order(
+      config.seed,
+      epoch + 1,
+      len(train_data['label']),
+      config.batch_size // jax.process_count(),
+  )
+  return order[done:steps_per_epoch]
+
+
 def _steps_per_epoch(config: ml_collections.ConfigDict, train_data) -> int:
   """Steps an epoch: every process takes as many, each from its own share."""
   shares = multihost_utils.process_allgather(np.int64(len(train_data['label'])))
@@ -250,7 +278,10 @@ def _steps_per_epoch(config: ml_collections.ConfigDict, train_data) -> int:
   steps = int(np.min(shares)) // (config.batch_size // jax.process_count())
   logging.info(
       'Training on %d examples of %r (%d steps/epoch) on %d devices.',
-      num_train, config.train_split, steps, jax.device_count(),
+      num_train,
+      config.train_split,
+      steps,
+      jax.device_count(),
   )
   return steps
 
@@ -260,113 +291,70 @@ def train_and_evaluate(
 ) -> dict[str, float]:
   """Trains for `config.num_epochs`, evaluating after each, then exports.
 
-  Summaries go to `workdir`, checkpoints to `workdir/checkpoints` (every
-  `config.checkpoint_every_epochs` epochs and after the last), the SavedModel
-  to `workdir/export/<config.export_model_name>/<version>/`. A run on a
-  workdir with a checkpoint resumes from the latest one, and ends as the
-  uninterrupted run would have. `stop()` is asked after each dispatch of
-  training steps: once it is true, the run saves a checkpoint and raises
+  Summaries go to `workdir`, checkpoints to `workdir/checkpoints`, the
+  SavedModel to `workdir/export/<config.export_model_name>/<version>/`. A
+  workdir with a checkpoint resumes from it, to the end that an
+  uninterrupted run reaches. Whatever can fail (config, workdir, checkpoint,
+  data) fails before training starts. `stop()` is asked after each dispatch
+  of steps: once it is true, the run saves a checkpoint and raises
   `Stopped`.
 
   Returns:
     The last epoch's summary: train_loss, train_accuracy, test_loss and
     test_accuracy (accuracies as fractions).
-
-  Raises:
-    config_validation.ConfigError, checkpoints.WorkdirError,
-    input_pipeline.DataError: before training starts.
-    TrainingError: too few examples, or a loss that became NaN.
-    Stopped: `stop()` was true.
   """
   config_validation.validate(config)
-  checkpoints.prepare_workdir(workdir)
-  saved, meta = checkpoints.latest(config, workdir)
+  run = checkpoints.Run(config, workdir)
   mesh = parallel.create_mesh()
   train_data, test_data = input_pipeline.load(config)
   steps_per_epoch = _steps_per_epoch(config, train_data)
-  test_batches = parallel.global_batches(mesh, parallel.process_share(
-      input_pipeline.eval_batches(test_data, config.eval_batch_size)
-  ))
+  batches = input_pipeline.eval_batches(test_data, config.eval_batch_size)
+  test_batches = parallel.global_batches(mesh, parallel.process_share(batches))
 
   model = create_model(config)
   total_steps = config.num_epochs * steps_per_epoch
   optimizer = create_optimizer(model, config, total_steps)
   metrics = create_metrics()
-  step, summary = 0, None
-  if meta:
-    checkpoints.restore(saved, meta['step'], model=model, optimizer=optimizer,
-                        metrics=metrics)
-    step, summary = meta['step'], meta['summary']
-    logging.info('Resuming from the checkpoint (%s) in %s.',
-                 checkpoints.position(step, steps_per_epoch), saved.directory)
+  step, summary = run.resume(model, optimizer, metrics, steps_per_epoch)
   objects = (model, optimizer, metrics)
   nnx.update(objects, parallel.replicate(nnx.state(objects), mesh))
-  writer = summaries.create_writer(workdir, config)
-  summaries.write_run_info(writer, config, nnx.state(model, nnx.Param))
-  on_steps = progress.EpochProgress(
-      periodic_actions.ReportProgress(
-          num_train_steps=total_steps, writer=writer,
-          every_secs=config.progress_every_secs,
-      ),
-      steps_per_epoch, config.batch_size, config.num_epochs, writer,
-  )
-
-  def save() -> None:
-    checkpoints.save(saved, step, model, optimizer, metrics, {
-        'step': step, 'epoch': step // steps_per_epoch,
-        'steps_per_epoch': steps_per_epoch, 'config': config.to_dict(),
-        'summary': summary,
-    })
-    logging.info('Saved a checkpoint (%s) in %s.',
-                 checkpoints.position(step, steps_per_epoch), saved.directory)
-
-  def stopped() -> Stopped:
-    at = checkpoints.position(step, steps_per_epoch)
-    return Stopped(f'stopped ({at}) with a checkpoint in {saved.directory}: '
-                   'rerun the same command to resume')
+  writer = summaries.create_writer(workdir, config, nnx.state(model, nnx.Param))
+  on_steps = progress.EpochProgress.create(config, steps_per_epoch, writer)
+  rate = learning_rate(config, total_steps)
 
   with cpu_levers.applied(config, model):
     for epoch in range(step // steps_per_epoch + 1, config.num_epochs + 1):
       start, first = time.perf_counter(), step
-      begin = (epoch - 1) * steps_per_epoch
-      order = input_pipeline.epoch_order(
-          config.seed, epoch, len(train_data['label']),
-          config.batch_size // jax.process_count(),
-      )[step - begin : steps_per_epoch]
-      on_steps.start(epoch)
+      on_steps.start(epoch, step)
+      order = _rest_of_epoch(config, step, train_data, steps_per_epoch)
       try:
-        step += train_epoch(
-            model, optimizer, metrics, train_data, order, config.steps_per_call,
-            mesh, lambda n: on_steps(first - begin + n), stop,
+        step = train_epoch(
+            *objects, train_data, order, mesh, config, step, on_steps, stop
         )
       except NonFiniteLoss as e:
-        raise TrainingError(checkpoints.divergence_message(
-            e.loss, first + e.step + 1, steps_per_epoch, saved,
-            config.learning_rate,
-        )) from None
+        raise TrainingError(run.diverged(e.loss, e.step + 1)) from None
       on_steps.end()
       if step < epoch * steps_per_epoch:
-        save()
-        raise stopped()
-      images_per_sec = (step - first) * config.batch_size / (
-          time.perf_counter() - start)
+        run.save(step, *objects, summary)
+        raise Stopped(run.stopped(step))
+      seconds = time.perf_counter() - start
       summary = {f'train_{k}': v for k, v in compute_metrics(metrics).items()}
       test, predicted = evaluate_and_predict(model, metrics, test_batches)
       summary.update({f'test_{k}': v for k, v in test.items()})
       logging.info('%s', format_epoch(epoch, summary))
       # Summaries before the checkpoint: a run killed between the two repeats
       # the epoch, and the writer leaves out what is already written.
+      images_per_sec = (step - first) * config.batch_size / seconds
+      scalars = {**summary, 'train_images_per_sec': images_per_sec}
+      last = epoch == config.num_epochs
       summaries.write_epoch(
-          writer, epoch, {**summary, 'train_images_per_sec': images_per_sec},
-          test_data, predicted, learning_rate(config, total_steps), step,
-          last=epoch == config.num_epochs,
+          writer, epoch, scalars, test_data, predicted, rate, step, last
       )
-      stopping = stop() and epoch < config.num_epochs
-      if stopping or epoch == config.num_epochs or (
-          epoch % config.checkpoint_every_epochs == 0):
-        save()
+      stopping = stop() and not last
+      if stopping or last or epoch % config.checkpoint_every_epochs == 0:
+        run.save(step, *objects, summary)
       if stopping:
-        raise stopped()
+        raise Stopped(run.stopped(step))
 
   if jax.process_index() == 0:
     nnx.update(model, parallel.local_copy(nnx.state(model)))

@@ -44,14 +44,21 @@ def _reference_steps(config, images, labels, order):
   step = nnx.jit(train.train_step)
   model.train()
   for indices in order:
-    step(model, optimizer, metrics, {'image': images[indices], 'label': labels[indices]})
+    step(
+        model,
+        optimizer,
+        metrics,
+        {'image': images[indices], 'label': labels[indices]},
+    )
   return model, metrics
 
 
 def test_fast_steps_match_the_straightforward_loop(small_config):
   config = small_config()
   data, _ = input_pipeline.load(config)
-  order = input_pipeline.epoch_order(config.seed, 1, 1024, config.batch_size)[:6]
+  order = input_pipeline.epoch_order(config.seed, 1, 1024, config.batch_size)[
+      :6
+  ]
   expected, expected_metrics = _reference_steps(
       config, data['image'], data['label'], order
   )
@@ -60,12 +67,14 @@ def test_fast_steps_match_the_straightforward_loop(small_config):
   metrics = train.create_metrics()
   # Two dispatches of three scanned steps each, with the CPU levers.
   with cpu_levers.applied(config, model):
+    config.steps_per_call = 3
     train.train_epoch(
-        model, optimizer, metrics, data, order, 3, parallel.create_mesh()
+        model, optimizer, metrics, data, order, parallel.create_mesh(), config
     )
   got, want = nnx.state(model), nnx.state(expected)
   for (path, a), (_, b) in zip(
-      jax.tree_util.tree_leaves_with_path(got), jax.tree_util.tree_leaves_with_path(want)
+      jax.tree_util.tree_leaves_with_path(got),
+      jax.tree_util.tree_leaves_with_path(want),
   ):
     if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
       a, b = jax.random.key_data(a), jax.random.key_data(b)
@@ -83,7 +92,11 @@ def test_train_and_evaluate_logs_summarises_and_exports(
   with caplog.at_level(logging.INFO, logger='absl'):
     summary = train.train_and_evaluate(config, workdir)
 
-  lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith('epoch:')]
+  lines = [
+      r.getMessage()
+      for r in caplog.records
+      if r.getMessage().startswith('epoch:')
+  ]
   assert len(lines) == 2
   assert lines[1] == (
       f'epoch:  2, train_loss: {summary["train_loss"]:.4f}, '
@@ -99,14 +112,19 @@ def test_train_and_evaluate_logs_summarises_and_exports(
     assert sorted(scalars[tag]) == [1, 2]
     assert scalars[tag][2][0] == pytest.approx(summary[tag], rel=1e-6)
 
-  assert os.path.isfile(os.path.join(workdir, 'export', 'mnist', '1', 'saved_model.pb'))
+  assert os.path.isfile(
+      os.path.join(workdir, 'export', 'mnist', '1', 'saved_model.pb')
+  )
 
   # Images decode as PNGs: a grid of mistakes each epoch, the confusion
   # matrix after the last.
   images = summaries.read_images(workdir)
   assert sorted(images['misclassified']) == [1, 2]
   assert sorted(images['confusion_matrix']) == [2]
-  grids = [tf.image.decode_png(png).numpy() for png in images['misclassified'].values()]
+  grids = [
+      tf.image.decode_png(png).numpy()
+      for png in images['misclassified'].values()
+  ]
   assert all(grid.shape == (1020, 840, 3) for grid in grids)
   # The first cell holds a digit: 16 steps leave mistakes among 300 images.
   assert grids[-1][summaries.HEADER : summaries.HEADER + 84, :84].max() > 0
@@ -114,7 +132,9 @@ def test_train_and_evaluate_logs_summarises_and_exports(
   assert matrix.shape == (600, 600, 3)
 
 
-def test_runs_with_the_same_config_give_the_same_metrics(small_config, tmp_path):
+def test_runs_with_the_same_config_give_the_same_metrics(
+    small_config, tmp_path
+):
   first = train.train_and_evaluate(small_config(), str(tmp_path / 'a'))
   second = train.train_and_evaluate(small_config(), str(tmp_path / 'b'))
   assert first == second
@@ -129,7 +149,10 @@ def test_checkpoints_every_few_epochs_and_a_finished_run_only_exports(
   config = small_config(num_epochs=3, checkpoint_every_epochs=2)
   workdir = str(tmp_path / 'workdir')
   summary = train.train_and_evaluate(config, workdir)
-  assert checkpoints.manager(workdir).all_steps() == [32, 48]  # Epoch 2, the last.
+  assert checkpoints.manager(workdir).all_steps() == [
+      32,
+      48,
+  ]  # Epoch 2, the last.
 
   with caplog.at_level(logging.INFO, logger='absl'):
     assert train.train_and_evaluate(config, workdir) == summary
@@ -139,7 +162,10 @@ def test_checkpoints_every_few_epochs_and_a_finished_run_only_exports(
       'Resuming from the checkpoint (step 48, end of epoch 3) in '
       f'{os.path.join(workdir, "checkpoints")}.'
   ) in messages
-  assert sorted(os.listdir(os.path.join(workdir, 'export', 'mnist'))) == ['1', '2']
+  assert sorted(os.listdir(os.path.join(workdir, 'export', 'mnist'))) == [
+      '1',
+      '2',
+  ]
 
   config.num_epochs = 2
   directory = os.path.join(workdir, 'checkpoints')

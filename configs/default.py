@@ -41,7 +41,9 @@ def get_config() -> ml_collections.ConfigDict:
   # syntax: 'train[:10%]', 'train[:1024]', 'test[-500:]'.
   config.train_split = 'train'
   config.test_split = 'test'  # Evaluated after every epoch, whole.
-  config.eval_batch_size = 128  # Test images per step; the last batch is padded.
+  config.eval_batch_size = (
+      128  # Test images per step; the last batch is padded.
+  )
 
   # Reproducibility and reporting.
   config.seed = 0  # Seeds initialisation, dropout and the data order.
@@ -57,8 +59,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.cpu_levers = True
 
   # Checkpoints, in <workdir>/checkpoints: rerunning a command resumes there.
-  config.checkpoint_every_epochs = 1  # Epochs between checkpoints (and the last).
-  config.checkpoints_to_keep = 3  # The most recent ones; older ones are deleted.
+  config.checkpoint_every_epochs = (
+      1  # Epochs between checkpoints (and the last).
+  )
+  config.checkpoints_to_keep = (
+      3  # The most recent ones; older ones are deleted.
+  )
 
   # Export.
   config.export_model_name = 'mnist'  # Exports go to <workdir>/export/<name>/.

@@ -26,7 +26,8 @@ import input_pipeline
 FLAGS = flags.FLAGS
 
 flags.DEFINE_string(
-    'mnist_dir', os.environ.get(input_pipeline.MANUAL_DIR_ENV),
+    'mnist_dir',
+    os.environ.get(input_pipeline.MANUAL_DIR_ENV),
     'Directory of the original MNIST files (default: $MNIST_MANUAL_DIR).',
 )
 flags.DEFINE_integer('runs', 5, 'Timed runs per source.')
@@ -53,12 +54,14 @@ def _hf_dirs(raw: dict, root: str) -> tuple[str, str]:
       {'image': datasets.Array2D((28, 28), 'uint8'), 'label': label}
   )
   saved = os.path.join(root, 'hf_saved')
-  datasets.DatasetDict({
-      split: datasets.Dataset.from_dict(
-          {'image': images, 'label': labels}, features=array2d
-      )
-      for split, (images, labels) in raw.items()
-  }).save_to_disk(saved)
+  datasets.DatasetDict(
+      {
+          split: datasets.Dataset.from_dict(
+              {'image': images, 'label': labels}, features=array2d
+          )
+          for split, (images, labels) in raw.items()
+      }
+  ).save_to_disk(saved)
   hub = os.path.join(root, 'hf_hub')
   os.makedirs(os.path.join(hub, 'mnist'))
   png = datasets.Features({'image': datasets.Image(), 'label': label})
@@ -103,6 +106,7 @@ def _configs(mnist_dir: str, root: str) -> dict:
     print('hf: datasets is not installed')
   try:
     import torchvision  # pylint: disable=g-import-not-at-top,unused-import
+
     add('torchvision', 'torchvision', _torchvision_root(mnist_dir, root))
   except ImportError:
     print('torchvision: not installed')

@@ -18,7 +18,8 @@ from PIL import Image
 FLAGS = flags.FLAGS
 
 flags.DEFINE_string(
-    'mnist_dir', os.environ.get('MNIST_MANUAL_DIR'),
+    'mnist_dir',
+    os.environ.get('MNIST_MANUAL_DIR'),
     'Directory of the original MNIST files (default: $MNIST_MANUAL_DIR).',
 )
 flags.DEFINE_string('out', None, 'Directory to write the PNG files to.')
@@ -55,7 +56,7 @@ def main(argv):
   if not FLAGS.mnist_dir:
     raise app.UsageError('Set --mnist_dir or $MNIST_MANUAL_DIR.')
   images, labels = read_test_set(FLAGS.mnist_dir)
-  for path in write_pngs(images[:FLAGS.num], labels[:FLAGS.num], FLAGS.out):
+  for path in write_pngs(images[: FLAGS.num], labels[: FLAGS.num], FLAGS.out):
     print(path)
 
 

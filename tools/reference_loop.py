@@ -31,7 +31,9 @@ def _train_batches(builder, config, epoch):
   """tf.data batches as the example makes them: cached, shuffled, batched."""
   ds = builder.as_dataset(split=config.train_split, shuffle_files=False)
   ds = ds.map(_normalize, num_parallel_calls=tf.data.AUTOTUNE)
-  ds = ds.cache().shuffle(1024, seed=input_pipeline.epoch_seed(config.seed, epoch))
+  ds = ds.cache().shuffle(
+      1024, seed=input_pipeline.epoch_seed(config.seed, epoch)
+  )
   ds = ds.batch(config.batch_size, drop_remainder=True)
   return ds.prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
 
@@ -44,9 +46,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   writer = metric_writers.create_default_writer(workdir)
   model = train.create_model(config)
   steps_per_epoch = (
-      input_pipeline.num_examples(builder, config.train_split) // config.batch_size
+      input_pipeline.num_examples(builder, config.train_split)
+      // config.batch_size
   )
-  optimizer = train.create_optimizer(model, config, config.num_epochs * steps_per_epoch)
+  optimizer = train.create_optimizer(
+      model, config, config.num_epochs * steps_per_epoch
+  )
   metrics = train.create_metrics()
   train_step = nnx.jit(train.train_step)
   eval_step = nnx.jit(train.eval_step)
@@ -57,13 +62,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     for batch in _train_batches(builder, config, epoch):
       train_step(model, optimizer, metrics, batch)
       steps += 1
-    summary = {f'train_{k}': v for k, v in train.compute_metrics(metrics).items()}
+    summary = {
+        f'train_{k}': v for k, v in train.compute_metrics(metrics).items()
+    }
     images_per_sec = steps * config.batch_size / (time.perf_counter() - start)
     model.eval()
     for i in range(len(test_batches['label'])):
       eval_step(model, metrics, jax.tree.map(lambda x: x[i], test_batches))
-    summary.update({f'test_{k}': v for k, v in train.compute_metrics(metrics).items()})
+    summary.update(
+        {f'test_{k}': v for k, v in train.compute_metrics(metrics).items()}
+    )
     logging.info('%s', train.format_epoch(epoch, summary))
-    writer.write_scalars(epoch, {**summary, 'train_images_per_sec': images_per_sec})
+    writer.write_scalars(
+        epoch, {**summary, 'train_images_per_sec': images_per_sec}
+    )
   writer.flush()
   return summary

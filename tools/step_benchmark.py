@@ -32,7 +32,9 @@ FLAGS = flags.FLAGS
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 flags.DEFINE_integer('steps', 78, 'Timed steps per variant and round.')
 flags.DEFINE_integer('rounds', 3, 'Rounds; each runs every variant once.')
-flags.DEFINE_string('variant', None, 'Internal: run one variant, print ms/step.')
+flags.DEFINE_string(
+    'variant', None, 'Internal: run one variant, print ms/step.'
+)
 
 # name -> (scan over steps on the device, cpu_levers.conv_gradients,
 # cpu_levers.unrolled_threefry, dropout rate). The first is the Flax
@@ -71,15 +73,22 @@ def _time_variant(name: str, steps: int) -> float:
     objects = (model, optimizer, metrics)
     nnx.update(objects, parallel.replicate(nnx.state(objects), mesh))
     data = {'image': images, 'label': labels}
-    run = lambda o: train.train_epoch(
-        model, optimizer, metrics, data, o, len(o), mesh
-    )
+
+    def run(o):  # One dispatch of all of `o`.
+      config.steps_per_call = len(o)
+      train.train_epoch(model, optimizer, metrics, data, o, mesh, config)
+
   else:
     step = nnx.jit(train.train_step)
 
     def run(o):
       for indices in o:
-        step(model, optimizer, metrics, {'image': images[indices], 'label': labels[indices]})
+        step(
+            model,
+            optimizer,
+            metrics,
+            {'image': images[indices], 'label': labels[indices]},
+        )
 
   warmup, timed = order[:8], order[8:]
   with levers:
@@ -102,17 +111,28 @@ def main(argv):
   for _ in range(FLAGS.rounds):
     for name in VARIANTS:
       out = subprocess.run(
-          [sys.executable, '-m', 'tools.step_benchmark', f'--variant={name}',
-           f'--steps={FLAGS.steps}'],
-          capture_output=True, text=True, check=True, cwd=ROOT,
+          [
+              sys.executable,
+              '-m',
+              'tools.step_benchmark',
+              f'--variant={name}',
+              f'--steps={FLAGS.steps}',
+          ],
+          capture_output=True,
+          text=True,
+          check=True,
+          cwd=ROOT,
       ).stdout
       times[name].append(float(out.strip().splitlines()[-1]))
   base = statistics.median(times['example: nnx.jit per step'])
   result = {}
   for name, values in times.items():
     median = statistics.median(values)
-    result[name] = {'ms_per_step': round(median, 1), 'speedup': round(base / median, 2),
-                    'runs': [round(v, 1) for v in values]}
+    result[name] = {
+        'ms_per_step': round(median, 1),
+        'speedup': round(base / median, 2),
+        'runs': [round(v, 1) for v in values],
+    }
     print(f'{name:40s} {median:7.1f} ms/step  x{base / median:.2f}')
   print(json.dumps(result))
 
