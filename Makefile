@@ -21,7 +21,7 @@ train: venv
 	$(VENV)/bin/python main.py --workdir=$(WORKDIR) --config=$(CONFIG)
 
 test: venv
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n auto --dist loadfile
 
 # The formatting of the Flax examples (pyink; settings in pyproject.toml).
 format-check: venv

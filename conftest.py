@@ -8,9 +8,21 @@ run.
 
 import os
 import shutil
+import tempfile
 
+# Before JAX is imported, here and in the tests' subprocesses (which inherit
+# the environment): a persistent compilation cache, so that the same
+# computation compiled by several tests and processes compiles once.
+os.environ.setdefault(
+    'JAX_COMPILATION_CACHE_DIR',
+    os.path.join(tempfile.gettempdir(), 'mnist-tests-jax-cache'),
+)
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import cpu_levers
 import export
+import filelock
 import input_pipeline
 import parallel
 import pytest
@@ -45,13 +57,19 @@ def mnist_files() -> str:
 
 @pytest.fixture(scope='session')
 def mnist_data_dir(mnist_files, tmp_path_factory) -> str:
-  """A TFDS data_dir with MNIST prepared from `mnist_files`, once a session."""
-  data_dir = str(tmp_path_factory.mktemp('tfds'))
-  config = default.get_config()
-  config.data_dir = data_dir
-  config.manual_dir = mnist_files
-  input_pipeline.get_builder(config)
-  return data_dir
+  """A TFDS data_dir with MNIST prepared from `mnist_files`.
+
+  Prepared once (about 20 s of CPU) in the folder above the session's, which
+  the parallel workers of pytest-xdist share; the lock makes the others
+  wait for the first.
+  """
+  shared = tmp_path_factory.getbasetemp().parent
+  with filelock.FileLock(str(shared / 'tfds.lock')):
+    config = default.get_config()
+    config.data_dir = str(shared / 'tfds')
+    config.manual_dir = mnist_files
+    input_pipeline.get_builder(config)
+  return config.data_dir
 
 
 @pytest.fixture

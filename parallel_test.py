@@ -6,35 +6,49 @@ import socket
 import subprocess
 import sys
 
+import input_pipeline
 import numpy as np
+import parallel
 import pytest
+import train
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
-# Trains a config and prints JSON: the summary, what the first batches'
-# sharding is, and the number of test examples evaluation scored.
-# argv: the config as JSON, workdir.
+
+def small_run(config, workdir) -> dict:
+  """Trains `config` on every device; its summary and how it was sharded.
+
+  The summary, what the first batches' sharding is, and the number of test
+  examples evaluation scored.
+  """
+  summary = train.train_and_evaluate(config, workdir)
+  mesh = parallel.create_mesh()
+  train_data, test_data = input_pipeline.load(config)
+  order = input_pipeline.epoch_order(0, 1, 1024, 64)[:3]
+  batch = parallel.global_batches(
+      mesh, {k: v[order] for k, v in train_data.items()}
+  )
+  model, metrics = train.create_model(config), train.create_metrics()
+  test = parallel.global_batches(
+      mesh, input_pipeline.eval_batches(test_data, config.eval_batch_size)
+  )
+  _, predicted = train.evaluate_and_predict(model, metrics, test)
+  return {
+      'summary': summary,
+      'devices': len(batch['image'].sharding.device_set),
+      'shard_shape': list(batch['image'].addressable_shards[0].data.shape),
+      'test_batch_shape': list(test['image'].shape),
+      'eval_count': len(predicted),
+  }
+
+
+# `small_run` in a process of its own. argv: the config as JSON, workdir.
 SMALL_RUN = """
 import json, sys
-import jax
 import ml_collections
-import input_pipeline, parallel, train
+import parallel_test
 config = ml_collections.ConfigDict(json.loads(sys.argv[1]))
-summary = train.train_and_evaluate(config, sys.argv[2])
-mesh = parallel.create_mesh()
-train_data, test_data = input_pipeline.load(config)
-order = input_pipeline.epoch_order(0, 1, 1024, 64)[:3]
-batch = parallel.global_batches(mesh, {k: v[order] for k, v in train_data.items()})
-model, metrics = train.create_model(config), train.create_metrics()
-test = parallel.global_batches(mesh, input_pipeline.eval_batches(test_data, 32))
-_, predicted = train.evaluate_and_predict(model, metrics, test)
-print(json.dumps({
-    'summary': summary,
-    'devices': len(batch['image'].sharding.device_set),
-    'shard_shape': list(batch['image'].addressable_shards[0].data.shape),
-    'test_batch_shape': list(test['image'].shape),
-    'eval_count': len(predicted),
-}))
+print(json.dumps(parallel_test.small_run(config, sys.argv[2])))
 """
 
 
@@ -65,9 +79,10 @@ def _config_json(small_config, **fields) -> str:
 def test_four_devices_shard_the_batch_and_match_one_device(
     small_config, tmp_path
 ):
-  config = _config_json(small_config, eval_batch_size=32)
-  one = _json(_run(SMALL_RUN, config, str(tmp_path / 'one'), devices=1))
-  four = _json(_run(SMALL_RUN, config, str(tmp_path / 'four'), devices=4))
+  config = small_config(eval_batch_size=32)
+  one = small_run(config, str(tmp_path / 'one'))  # This process: 1 device.
+  config_json = json.dumps(config.to_dict())
+  four = _json(_run(SMALL_RUN, config_json, str(tmp_path / 'four'), devices=4))
   assert one['devices'] == 1 and one['shard_shape'] == [3, 64, 28, 28, 1]
   # Each of the 4 devices holds a quarter of every batch.
   assert four['devices'] == 4 and four['shard_shape'] == [3, 16, 28, 28, 1]
