@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 from configs import default
 import export
@@ -16,7 +18,10 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow_serving.apis import prediction_log_pb2
 import train
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope='module')
@@ -37,6 +42,83 @@ def test_layout_is_what_tf_serving_loads(exported):
   assert path == os.path.join(model_dir, '1')
   assert os.path.isfile(os.path.join(path, 'saved_model.pb'))
   assert os.path.isdir(os.path.join(path, 'variables'))
+
+
+def _saved_model(path: str) -> saved_model_pb2.SavedModel:
+  saved_model = saved_model_pb2.SavedModel()
+  with open(os.path.join(path, 'saved_model.pb'), 'rb') as f:
+    saved_model.ParseFromString(f.read())
+  return saved_model
+
+
+def test_serialised_for_cpu_and_gpu_servers(exported):
+  """The XlaCallModule ops hold the computation lowered for CPU and CUDA."""
+  _, _, path = exported
+  (meta_graph,) = _saved_model(path).meta_graphs
+  platforms = [
+      list(node.attr['platforms'].list.s)
+      for function in meta_graph.graph_def.library.function
+      for node in function.node_def
+      if node.op == 'XlaCallModule'
+  ]
+  assert platforms and all(p == [b'CPU', b'CUDA'] for p in platforms)
+
+
+def test_warmup_requests_replay_against_the_saved_model(exported):
+  """Reads the warm-up file as TF Serving does and runs every request."""
+  _, _, path = exported
+  records = tf.data.TFRecordDataset(os.path.join(path, export.WARMUP_FILE))
+  logs = [
+      prediction_log_pb2.PredictionLog.FromString(r.numpy()) for r in records
+  ]
+  signatures = tf.saved_model.load(path).signatures
+  replayed = []
+  for log in logs:
+    request = log.predict_log.request
+    assert request.model_spec.name == 'mnist'
+    function = signatures[request.model_spec.signature_name]
+    inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
+    outputs = function(**{k: tf.constant(v) for k, v in inputs.items()})
+    assert outputs['probabilities'].shape == (1, 10)
+    replayed.append(request.model_spec.signature_name)
+  assert sorted(replayed) == sorted(
+      export.SIGNATURES + (export.BYTES_SIGNATURE,)
+  )
+
+
+def test_a_killed_export_leaves_no_version(tmp_path):
+  """SIGKILL while a version is written: none half-written, the next is next."""
+  model_dir = str(tmp_path / 'mnist')
+  script = (
+      'import export, models\n'
+      'from flax import nnx\n'
+      'model = models.CNN(dropout_rate=0.025, rngs=nnx.Rngs(0))\n'
+      'while True:\n'
+      '  export.export_saved_model(model, %r)\n' % model_dir
+  )
+  exporting = subprocess.Popen([sys.executable, '-c', script], cwd=ROOT)
+  deadline = time.monotonic() + 120
+  incomplete = []
+  while not incomplete and exporting.poll() is None:
+    assert time.monotonic() < deadline, 'no export began within 120 s'
+    names = os.listdir(model_dir) if os.path.isdir(model_dir) else []
+    incomplete = [n for n in names if n.endswith(export.INCOMPLETE)]
+    time.sleep(0.005)
+  exporting.send_signal(signal.SIGKILL)
+  assert exporting.wait() == -signal.SIGKILL
+  names = os.listdir(model_dir)
+  versions = sorted(int(n) for n in names if n.isdigit())
+  assert incomplete  # It was killed while writing a version, or after.
+  for version in versions:
+    version_dir = os.path.join(model_dir, str(version))
+    assert os.path.isfile(os.path.join(version_dir, 'saved_model.pb'))
+    assert os.path.isdir(os.path.join(version_dir, 'variables'))
+    assert os.path.isfile(os.path.join(version_dir, export.WARMUP_FILE))
+  model = models.CNN(dropout_rate=0.025, rngs=nnx.Rngs(0))
+  path = export.export_saved_model(model, model_dir)
+  assert path == os.path.join(model_dir, str(max(versions, default=0) + 1))
+  assert not [n for n in os.listdir(model_dir) if n.endswith(export.INCOMPLETE)]
+  tf.saved_model.load(path)
 
 
 def test_each_export_is_a_new_version(exported):
@@ -151,10 +233,7 @@ def test_trained_export_runs_in_tensorflow_without_jax(
 
 def test_signature_def_is_what_tf_serving_reads(trained_export):
   """The MetaGraph that TF Serving loads (tag 'serve') and its Predict API reads."""
-  saved_model = saved_model_pb2.SavedModel()
-  with open(os.path.join(trained_export, 'saved_model.pb'), 'rb') as f:
-    saved_model.ParseFromString(f.read())
-  (meta_graph,) = saved_model.meta_graphs
+  (meta_graph,) = _saved_model(trained_export).meta_graphs
   assert list(meta_graph.meta_info_def.tags) == ['serve']
   for key in export.SIGNATURES:
     signature = meta_graph.signature_def[key]
@@ -167,6 +246,13 @@ def test_signature_def_is_what_tf_serving_reads(trained_export):
     for output in signature.outputs.values():
       assert output.dtype == types_pb2.DT_FLOAT
       assert [d.size for d in output.tensor_shape.dim] == [-1, 10]
+  signature = meta_graph.signature_def[export.BYTES_SIGNATURE]
+  assert signature.method_name == 'tensorflow/serving/predict'
+  assert list(signature.inputs) == [export.BYTES_INPUT_NAME]
+  encoded = signature.inputs[export.BYTES_INPUT_NAME]
+  assert encoded.dtype == types_pb2.DT_STRING
+  assert [d.size for d in encoded.tensor_shape.dim] == [-1]
+  assert sorted(signature.outputs) == ['logits', 'probabilities']
 
 
 def test_trained_export_scores_the_accuracy_training_reports(

@@ -10,7 +10,8 @@ Inputs are PNG (or any image Pillow reads) files of any size, grey or RGB, or
 `.npy` arrays of 28x28 images. Images are prepared as training saw MNIST:
 converted to grey, resized to 28x28, scaled from [0, 255] to [0, 1]. MNIST
 digits are white (255) on black (0); scans of dark ink on white paper need
-`--invert`.
+`--invert`. With `--bytes`, image files are sent as they are to the
+`serving_bytes` signature, which prepares them the same way in the model.
 
 One line per image: the input, the predicted digit and its probability (JSON
 lines with `--json`). An input that cannot be classified gets one line on
@@ -18,6 +19,7 @@ stderr naming it and the cause; the others are still classified, and the exit
 status is 1.
 """
 
+import base64
 import json
 import os
 import sys
@@ -41,14 +43,26 @@ flags.DEFINE_string(
 flags.DEFINE_string('server', None, 'TF Serving REST address, HOST:8501.')
 flags.DEFINE_string('grpc', None, 'TF Serving gRPC address, HOST:8500.')
 flags.DEFINE_string('model_name', 'mnist', 'MODEL_NAME the server serves.')
-flags.DEFINE_string('signature', 'serving_default', 'Signature to call.')
+flags.DEFINE_string(
+    'signature',
+    None,
+    'Signature to call: serving_default, or serving_bytes with --bytes.',
+)
 flags.DEFINE_bool('invert', False, 'Images are dark digits on light ground.')
+flags.DEFINE_bool(
+    'bytes',
+    False,
+    'Send the image files as they are, encoded, for the model to decode '
+    '(signature serving_bytes); no .npy inputs, no --invert.',
+)
 flags.DEFINE_bool('json', False, 'Print one JSON object per image.')
 flags.DEFINE_float('timeout', 10.0, 'Seconds to wait for a server.')
 
 # What the exported signatures take (see export.py; not imported from there,
 # which would import JAX).
 INPUT_NAME = 'image'
+BYTES_SIGNATURE = 'serving_bytes'
+BYTES_INPUT_NAME = 'image_bytes'
 IMAGE_SIZE = 28
 
 
@@ -58,6 +72,16 @@ class InputError(Exception):
 
 def _one_line(text: str) -> str:
   return ' '.join(str(text).split())
+
+
+def _tensorflow_error(message: str) -> str:
+  """The cause in a TensorFlow error message, without its graph locations.
+
+  Its last line that is not indented: TensorFlow puts the node (`[[...]]`)
+  and the stack of the op's definition around it.
+  """
+  lines = [l for l in str(message).splitlines() if l and not l[0].isspace()]
+  return _one_line(lines[-1] if lines else message)
 
 
 # Inputs.
@@ -123,17 +147,33 @@ def load_array(path: str) -> np.ndarray:
   return array.astype(np.float32)[..., None]
 
 
-def load_input(path: str, invert: bool = False) -> np.ndarray:
-  """The batch of images in `path`: an array if it ends in .npy, else an image."""
+def load_bytes(path: str) -> np.ndarray:
+  """A batch of one encoded image: the file's bytes, for `serving_bytes`."""
+  if path.endswith('.npy'):
+    raise InputError('an array, not an encoded image: leave out --bytes')
+  try:
+    with open(path, 'rb') as f:
+      return np.array([f.read()], object)
+  except OSError as e:
+    raise InputError(e.strerror or _one_line(e)) from None
+
+
+def load_input(
+    path: str, invert: bool = False, as_bytes: bool = False
+) -> np.ndarray:
+  """The batch in `path`: its bytes, an array if it ends in .npy, or an image."""
   if not os.path.exists(path):
     raise InputError('no such file')
+  if as_bytes:
+    return load_bytes(path)
   if path.endswith('.npy'):
     return load_array(path)
   return load_image(path, invert)
 
 
-# The model, in TensorFlow or behind TF Serving. Each takes a batch and
-# returns its 'probabilities' (n, 10) and 'logits' (n, 10) as numpy arrays.
+# The model, in TensorFlow or behind TF Serving. Each takes a batch (float
+# images, or encoded ones as an object array of bytes) and returns its
+# 'probabilities' (n, 10) and 'logits' (n, 10) as numpy arrays.
 
 
 def find_saved_model(directory: str) -> str:
@@ -167,9 +207,15 @@ class SavedModelClassifier:
       )
     self._loaded = loaded  # Holds the variables the signature reads.
     self._function = loaded.signatures[signature]
+    (self._input_name,) = self._function.structured_input_signature[1]
 
   def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
-    outputs = self._function(**{INPUT_NAME: self._tf.constant(images)})
+    try:
+      outputs = self._function(**{self._input_name: self._tf.constant(images)})
+    except (self._tf.errors.InvalidArgumentError, TypeError, ValueError) as e:
+      raise InputError(
+          f'the model refused it: {_tensorflow_error(e)}'
+      ) from None
     return {k: v.numpy() for k, v in outputs.items()}
 
 
@@ -177,11 +223,14 @@ def rest_request(images: np.ndarray, signature: str) -> dict:
   """The body of TF Serving's REST predict request, in its row format.
 
   https://www.tensorflow.org/tfx/serving/api_rest#request_format_2
+  Encoded images go as base64 in {"b64": ...}, TF Serving's form for binary
+  strings, one per instance: the bytes signature has that one input.
   """
-  return {
-      'signature_name': signature,
-      'instances': [{INPUT_NAME: image.tolist()} for image in images],
-  }
+  if images.dtype == object:
+    instances = [{'b64': base64.b64encode(data).decode()} for data in images]
+  else:
+    instances = [{INPUT_NAME: image.tolist()} for image in images]
+  return {'signature_name': signature, 'instances': instances}
 
 
 class RestClassifier:
@@ -222,7 +271,7 @@ class RestClassifier:
 def _rest_error(error: urllib.error.HTTPError) -> str:
   """TF Serving's {"error": ...} message, else the HTTP reason."""
   try:
-    return _one_line(json.loads(error.read())['error'])
+    return _tensorflow_error(json.loads(error.read())['error'])
   except (ValueError, KeyError, TypeError, OSError):
     return _one_line(error.reason)
 
@@ -280,7 +329,8 @@ class GrpcClassifier:
             f'{_one_line(e.details())})'
         ) from None
       raise InputError(
-          f'server {self.address} answered {code.name}: {_one_line(e.details())}'
+          f'server {self.address} answered {code.name}: '
+          f'{_tensorflow_error(e.details())}'
       ) from None
     try:
       outputs = {
@@ -306,9 +356,11 @@ def grpc_request(images: np.ndarray, model_name: str, signature: str):
   request = predict_pb2.PredictRequest()
   request.model_spec.name = model_name
   request.model_spec.signature_name = signature
-  request.inputs[INPUT_NAME].CopyFrom(
-      tf.make_tensor_proto(images, dtype=tf.float32)
-  )
+  if images.dtype == object:
+    name, dtype = BYTES_INPUT_NAME, tf.string
+  else:
+    name, dtype = INPUT_NAME, tf.float32
+  request.inputs[name].CopyFrom(tf.make_tensor_proto(images, dtype=dtype))
   return request
 
 
@@ -322,6 +374,7 @@ def classify(
     as_json=False,
     out=sys.stdout,
     err=sys.stderr,
+    as_bytes=False,
 ) -> int:
   """Prints the digit of every image in `paths`; returns the number of failures.
 
@@ -331,7 +384,7 @@ def classify(
   failures = 0
   for path in paths:
     try:
-      outputs = classifier(load_input(path, invert))
+      outputs = classifier(load_input(path, invert, as_bytes))
     except InputError as e:
       print(f'error: {path}: {e}', file=err)
       failures += 1
@@ -360,20 +413,29 @@ def classify(
 
 def make_classifier():
   """The classifier that the flags name."""
+  signature = FLAGS.signature or (
+      BYTES_SIGNATURE if FLAGS.bytes else 'serving_default'
+  )
   if FLAGS.saved_model:
-    return SavedModelClassifier(FLAGS.saved_model, FLAGS.signature)
+    return SavedModelClassifier(FLAGS.saved_model, signature)
   if FLAGS.server:
     return RestClassifier(
-        FLAGS.server, FLAGS.model_name, FLAGS.signature, FLAGS.timeout
+        FLAGS.server, FLAGS.model_name, signature, FLAGS.timeout
     )
-  return GrpcClassifier(
-      FLAGS.grpc, FLAGS.model_name, FLAGS.signature, FLAGS.timeout
-  )
+  return GrpcClassifier(FLAGS.grpc, FLAGS.model_name, signature, FLAGS.timeout)
 
 
 def main(argv):
+  if FLAGS.verbosity < 1:
+    # TensorFlow's C++ INFO and WARNING lines (CPU features, XLA, an op's
+    # failure that the one-line error below names already).
+    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   if len(argv) < 2:
     raise app.UsageError('Name at least one image (.png, ...) or .npy file.')
+  if FLAGS.bytes and FLAGS.invert:
+    raise app.UsageError(
+        '--invert cannot change images sent as bytes: leave out one of them.'
+    )
   try:
     classifier = make_classifier()
   except InputError as e:
@@ -381,7 +443,9 @@ def main(argv):
   except Exception as e:  # pylint: disable=broad-except
     # TensorFlow raises many kinds of error for a SavedModel it cannot load.
     sys.exit(f'error: --saved_model={FLAGS.saved_model}: {_one_line(e)}')
-  if classify(argv[1:], classifier, FLAGS.invert, FLAGS.json):
+  if classify(
+      argv[1:], classifier, FLAGS.invert, FLAGS.json, as_bytes=FLAGS.bytes
+  ):
     sys.exit(1)
 
 

@@ -6,6 +6,7 @@ documents by running the exported SavedModel; the clients are tested for
 building exactly the requests TF Serving documents.
 """
 
+import base64
 import concurrent.futures
 import http.server
 import io
@@ -36,10 +37,29 @@ SERVER_LIFETIME_SECS = 600
 def _run_signature(signatures, name: str, inputs: dict) -> dict:
   """Runs signature `name` on `inputs` as TF Serving does, or raises KeyError."""
   function = signatures[name or 'serving_default']
+  specs = function.structured_input_signature[1]
   outputs = function(
-      **{k: tf.constant(v, tf.float32) for k, v in inputs.items()}
+      **{k: tf.constant(v, specs[k].dtype) for k, v in inputs.items()}
   )
   return {k: v.numpy() for k, v in outputs.items()}
+
+
+def _server_error(error: Exception) -> str:
+  """The message TF Serving sends for a failed run: the cause and its node.
+
+  TensorFlow's eager Python adds a header and the op's stack in front; the
+  server's status message starts at the cause.
+  """
+  lines = str(error).splitlines()
+  causes = [i for i, l in enumerate(lines) if l and not l[0].isspace()]
+  return '\n'.join(lines[causes[-1] :]) if causes else str(error)
+
+
+def _rest_value(value):
+  """A REST value as TF Serving reads it: {"b64": ...} is a binary string."""
+  if isinstance(value, dict) and list(value) == ['b64']:
+    return base64.b64decode(value['b64'])
+  return value
 
 
 # A stand-in for TF Serving's REST API (port 8501 of the docker image).
@@ -72,14 +92,18 @@ class _RestHandler(http.server.BaseHTTPRequestHandler):
                 'error': f'Serving signature name: "{signature}" not found in signature def'
             },
         )
-      instances = request['instances']
+      instances = [_rest_value(row) for row in request['instances']]
       if isinstance(instances[0], dict):
-        inputs = {k: [row[k] for row in instances] for k in instances[0]}
-      else:
-        inputs = {'image': instances}
+        inputs = {
+            k: [_rest_value(row[k]) for row in instances] for k in instances[0]
+        }
+      else:  # The signature's only input.
+        function = self.signatures[signature]
+        (name,) = function.structured_input_signature[1]
+        inputs = {name: instances}
       outputs = _run_signature(self.signatures, signature, inputs)
     except Exception as e:  # pylint: disable=broad-except
-      return self._answer(400, {'error': str(e).splitlines()[0]})
+      return self._answer(400, {'error': _server_error(e)})
     names = sorted(outputs)
     predictions = [
         {k: outputs[k][i].tolist() for k in names}
@@ -128,7 +152,7 @@ class _PredictionServicer(
       inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
       outputs = _run_signature(self.signatures, signature, inputs)
     except Exception as e:  # pylint: disable=broad-except
-      context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e).splitlines()[0])
+      context.abort(grpc.StatusCode.INVALID_ARGUMENT, _server_error(e))
     response = predict_pb2.PredictResponse()
     response.model_spec.CopyFrom(request.model_spec)
     response.model_spec.signature_name = signature
@@ -220,6 +244,31 @@ def bad_inputs(tmp_path_factory, mnist_test_images) -> dict[str, str]:
       'wrong_shape': str(wrong),
       'good_npy': str(good),
   }
+
+
+@pytest.fixture(scope='module')
+def varied_images(pngs, tmp_path_factory) -> list[str]:
+  """MNIST digits as users' files: other sizes, in colour, one a JPEG."""
+  directory = tmp_path_factory.mktemp('varied')
+  paths = []
+  for i, (size, mode, suffix) in enumerate(
+      [
+          ((100, 100), 'RGB', 'png'),
+          ((45, 60), 'L', 'png'),
+          ((200, 150), 'RGBA', 'png'),
+          ((84, 84), 'RGB', 'jpg'),
+      ]
+  ):
+    with Image.open(pngs[i]) as digit:
+      image = digit.resize(size, Image.Resampling.BICUBIC).convert(mode)
+    if mode != 'L':  # A red digit on a blue ground.
+      pixels = np.array(image)
+      pixels[..., 1] //= 3
+      pixels[..., 2] = 255 - pixels[..., 2]
+      image = Image.fromarray(pixels, mode)
+    paths.append(str(directory / f'digit_{i}.{suffix}'))
+    image.save(paths[-1])
+  return paths
 
 
 def _classify(paths, classifier, **kwargs) -> tuple[int, list[str], list[str]]:
@@ -375,6 +424,81 @@ def test_each_way_predicts_what_the_jax_model_does(
     assert r['probability'] == max(r['probabilities'])
 
 
+def _classifiers(way, trained_export, rest_server, grpc_server, signature):
+  return {
+      'saved_model': lambda: predict.SavedModelClassifier(
+          trained_export, signature
+      ),
+      'rest': lambda: predict.RestClassifier(
+          rest_server[0], 'mnist', signature, 10.0
+      ),
+      'grpc': lambda: predict.GrpcClassifier(
+          grpc_server[0], 'mnist', signature, 10.0
+      ),
+  }[way]()
+
+
+@pytest.mark.parametrize('way', ['saved_model', 'rest', 'grpc'])
+def test_bytes_signature_prepares_images_as_predict_does(
+    way, trained_export, rest_server, grpc_server, pngs, varied_images
+):
+  paths = pngs[:4] + varied_images
+  classifier = _classifiers(
+      way, trained_export, rest_server, grpc_server, 'serving_bytes'
+  )
+  failures, out, err = _classify(paths, classifier, as_json=True, as_bytes=True)
+  assert (failures, err) == (0, [])
+  rows = [json.loads(line) for line in out]
+  assert [r['input'] for r in rows] == paths
+  floats = predict.SavedModelClassifier(trained_export, 'serving_default')(
+      np.concatenate([predict.load_input(p) for p in paths])
+  )
+  np.testing.assert_allclose(
+      [r['logits'] for r in rows], floats['logits'], atol=1e-5
+  )
+
+
+def test_rest_request_of_bytes_is_what_tf_serving_documents(rest_server, pngs):
+  address, requests = rest_server
+  del requests[:]
+  predict.RestClassifier(address, 'mnist', 'serving_bytes', 10.0)(
+      predict.load_input(pngs[0], as_bytes=True)
+  )
+  request = json.loads(requests[-1][3])
+  with open(pngs[0], 'rb') as f:
+    encoded = base64.b64encode(f.read()).decode()
+  assert request == {
+      'signature_name': 'serving_bytes',
+      'instances': [{'b64': encoded}],
+  }
+
+
+@pytest.mark.parametrize(
+    'way, answer',
+    [
+        ('saved_model', 'the model refused it'),
+        ('rest', 'server {} answered 400'),
+        ('grpc', 'server {} answered INVALID_ARGUMENT'),
+    ],
+)
+def test_bytes_that_are_not_an_image(
+    way, answer, trained_export, rest_server, grpc_server, pngs, bad_inputs
+):
+  classifier = _classifiers(
+      way, trained_export, rest_server, grpc_server, 'serving_bytes'
+  )
+  address = {'rest': rest_server, 'grpc': grpc_server}.get(way, ('',))[0]
+  paths = [bad_inputs['not_image'], pngs[0], bad_inputs['good_npy']]
+  failures, out, err = _classify(paths, classifier, as_bytes=True)
+  assert failures == 2
+  assert [line.split(':')[0] for line in out] == [pngs[0]]
+  assert err == [
+      f'error: {paths[0]}: {answer.format(address)}: Unknown image file '
+      'format. One of JPEG, JPEG XL, PNG, GIF, BMP, WebP required.',
+      f'error: {paths[2]}: an array, not an encoded image: leave out --bytes',
+  ]
+
+
 # Bad inputs: one line each, naming the input and the cause; the others
 # are still classified.
 
@@ -492,11 +616,14 @@ def _predict(
       prelude + 'import runpy; sys.argv = sys.argv[1:]; '
       'runpy.run_path(sys.argv[0], run_name="__main__")'
   )
+  # As from a user's shell: JAX and TensorFlow, imported here, set it.
+  env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
   return subprocess.run(
       [sys.executable, '-c', script, os.path.join(ROOT, 'predict.py'), *args],
       capture_output=True,
       text=True,
       cwd=ROOT,
+      env=env,
       timeout=300,
   )
 
@@ -544,6 +671,28 @@ def test_command_server_json(rest_server, grpc_server, pngs):
         'probabilities',
         'probability',
     ]
+
+
+def test_command_bytes(trained_export, pngs, bad_inputs):
+  model_dir = os.path.dirname(trained_export)
+  result = _predict(
+      f'--saved_model={model_dir}',
+      '--bytes',
+      *pngs[:2],
+      bad_inputs['not_image'],
+  )
+  assert result.returncode == 1, result.stderr
+  assert result.stderr.strip().splitlines() == [
+      f'error: {bad_inputs["not_image"]}: the model refused it: Unknown image '
+      'file format. One of JPEG, JPEG XL, PNG, GIF, BMP, WebP required.'
+  ]
+  floats = _predict(f'--saved_model={model_dir}', *pngs[:2])
+  assert result.stdout == floats.stdout
+  result = _predict(
+      f'--saved_model={model_dir}', '--bytes', '--invert', pngs[0]
+  )
+  assert result.returncode == 1
+  assert '--invert cannot change images sent as bytes' in result.stderr
 
 
 def test_command_needs_one_model_and_one_input(tmp_path, pngs):

@@ -1,0 +1,61 @@
+"""The serving benchmark runs on a real export and prints its figures."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_prints_latency_and_throughput_per_signature(
+    trained_export, mnist_files
+):
+  result = subprocess.run(
+      [
+          sys.executable,
+          '-m',
+          'tools.serving_benchmark',
+          f'--model={os.path.dirname(trained_export)}',
+          f'--mnist_dir={mnist_files}',
+          '--calls=10',
+          '--batch=8',
+          '--batch_calls=2',
+      ],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      timeout=300,
+      check=True,
+  )
+  rows = [json.loads(l) for l in result.stdout.splitlines() if l[:1] == '{']
+  assert [r.get('signature') for r in rows[:2]] == [
+      'serving_default',
+      'serving_bytes',
+  ]
+  for row in rows[:2]:
+    assert 0 < row['latency_ms_p50'] <= row['latency_ms_p99']
+    assert (row['calls'], row['batch']) == (10, 8)
+    assert row['images_per_sec'] > 0
+  assert rows[2]['saved_model'] == trained_export
+
+
+def test_a_directory_without_a_model_is_one_line(tmp_path, mnist_files):
+  result = subprocess.run(
+      [
+          sys.executable,
+          '-m',
+          'tools.serving_benchmark',
+          f'--model={tmp_path}',
+          f'--mnist_dir={mnist_files}',
+      ],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      timeout=300,
+  )
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1] == (
+      f'error: --model={tmp_path}: no saved_model.pb in it nor in an integer '
+      'version directory under it'
+  )
