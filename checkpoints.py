@@ -12,11 +12,18 @@ is complete, so a checkpoint cut short by a killed process is never listed.
 `Run` manages a training run's checkpoints: before it starts, the workdir
 must be writable (`prepare_workdir`) and its latest checkpoint must fit the
 config (`latest`); then it resumes, saves, and words the messages that name
-a step's position.
+a step's position. A checkpoint that cannot be restored (a file truncated or
+lost) is moved aside and the run resumes from the newest one that restores.
+`exclusive` keeps a second run off a workdir in use.
 """
 
+import contextlib
+import fcntl
 import json
 import os
+import re
+import socket
+import time
 
 from absl import logging
 from flax import nnx
@@ -25,6 +32,9 @@ import orbax.checkpoint as ocp
 import tensorflow as tf
 
 DIRECTORY = 'checkpoints'
+# Where checkpoints that cannot be restored are moved, for the user to see.
+DAMAGED = 'damaged_checkpoints'
+LOCK_FILE = 'run.lock'
 
 # Config fields that a resumed run may change: they change neither the state
 # that training reaches nor the order of the data.
@@ -80,11 +90,8 @@ def save(checkpoints, step: int, model, optimizer, metrics, meta: dict) -> None:
   )
 
 
-def latest_meta(checkpoints) -> dict | None:
-  """The JSON item of the latest checkpoint, or None if there is none."""
-  step = checkpoints.latest_step()
-  if step is None:
-    return None
+def read_meta(checkpoints, step: int) -> dict:
+  """The JSON item of the checkpoint of `step`."""
   return checkpoints.restore(
       step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
   ).meta
@@ -144,36 +151,151 @@ def prepare_workdir(workdir: str) -> None:
     ) from None
 
 
-def latest(config: ml_collections.ConfigDict, workdir: str, training=True):
-  """The checkpoints of `workdir` and the JSON of the latest, which `config` fits.
-
-  Returns:
-    The checkpoint manager, and the latest checkpoint's JSON item (None if
-    there is no checkpoint).
-
-  Raises:
-    WorkdirError: the checkpoint is of a config that differs in a field that
-      matters, or (`training`) is past `config.num_epochs`.
-  """
-  saved = manager(workdir, config.checkpoints_to_keep)
-  meta = latest_meta(saved)
-  if meta is None:
-    return saved, None
+def _check_fits(meta: dict, config, directory: str, training: bool) -> None:
+  """Raises WorkdirError if the checkpoint of `meta` cannot go on as `config`."""
   at = position(meta['step'], meta['steps_per_epoch'])
-  start_afresh = f'use a new --workdir or move {saved.directory} away'
+  start_afresh = f'use a new --workdir or move {directory} away'
   differences = config_differences(meta['config'], config)
   if differences:
     raise WorkdirError(
-        f'{saved.directory} holds a checkpoint ({at}) of another config: '
+        f'{directory} holds a checkpoint ({at}) of another config: '
         f'{"; ".join(differences)}; to start afresh, {start_afresh}'
     )
   if training and meta['step'] > config.num_epochs * meta['steps_per_epoch']:
     raise WorkdirError(
-        f'{saved.directory} holds a checkpoint ({at}) past '
+        f'{directory} holds a checkpoint ({at}) past '
         f'config.num_epochs={config.num_epochs}: raise num_epochs, or to start '
         f'afresh, {start_afresh}'
     )
+
+
+def _cause(error: Exception) -> str:
+  """The gist of an orbax or TensorStore error, in a few words.
+
+  Their messages run to hundreds of characters of paths and specs; a system
+  error's own words ('File too large') come before '[os_error_code=...]'.
+  """
+  text = str(error)
+  system = re.search(r'([^:]+?) \[os_error_code', text)
+  if system:
+    return system.group(1).strip()
+  text = (text.strip().splitlines() or [''])[0].split(' See full ')[0]
+  return f'{type(error).__name__}: {text[:200]}'
+
+
+def restore_newest(saved, config, training: bool, **objects):
+  """Restores the newest checkpoint that restores and fits `config`.
+
+  Orbax raises many kinds of error for a checkpoint with a file truncated or
+  missing; each such checkpoint is skipped with a warning.
+
+  Returns:
+    The JSON item of the checkpoint restored (None if there is none), and
+    the steps of the damaged ones newer than it.
+
+  Raises:
+    WorkdirError: there are checkpoints and none restores, or the newest that
+      does is of another config or (`training`) past `config.num_epochs`.
+  """
+  damaged = []
+  for step in sorted(saved.all_steps(), reverse=True):
+    try:
+      meta = read_meta(saved, step)
+      _check_fits(meta, config, saved.directory, training)
+      if objects:
+        restore(saved, step, **objects)
+    except WorkdirError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning(
+          'The checkpoint of step %d in %s cannot be restored (%s).',
+          step,
+          saved.directory,
+          _cause(e),
+      )
+      damaged.append((step, e))
+      continue
+    return meta, [s for s, _ in damaged]
+  if damaged:
+    raise WorkdirError(
+        f'no checkpoint in {saved.directory} can be restored (the newest, of '
+        f'step {damaged[0][0]}: {_cause(damaged[0][1])}); to start afresh, use '
+        f'a new --workdir or move {saved.directory} away'
+    )
+  return None, []
+
+
+def latest(config: ml_collections.ConfigDict, workdir: str, training=True):
+  """The checkpoints of `workdir` and the JSON of the newest readable one.
+
+  Returns:
+    The checkpoint manager, and that checkpoint's JSON item (None if there
+    is no checkpoint).
+
+  Raises:
+    WorkdirError: no checkpoint can be read, or the newest that can is of a
+      config that differs in a field that matters, or (`training`) is past
+      `config.num_epochs`.
+  """
+  saved = manager(workdir, config.checkpoints_to_keep)
+  meta, _ = restore_newest(saved, config, training)
   return saved, meta
+
+
+def _locked(path: str, workdir: str):
+  """`path` opened and flocked, or WorkdirError naming the holder it names."""
+  while True:
+    f = open(path, 'a+')
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      f.seek(0)
+      holder = f.read().strip() or 'a run'
+      f.close()
+      raise WorkdirError(
+          f'the workdir {workdir} is in use by {holder} (it holds {path}): '
+          'wait for it to end, or use another --workdir'
+      ) from None
+    try:
+      if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+        return f
+    except FileNotFoundError:
+      pass
+    f.close()  # Its holder removed it as this process opened it: again.
+
+
+@contextlib.contextmanager
+def exclusive(workdir: str, hold: bool = True):
+  """Holds `workdir` for this process, or raises WorkdirError naming its holder.
+
+  An flock on `<workdir>/run.lock`, which the system releases however the
+  process ends. The file names the holder while it runs and is removed when
+  it ends cleanly, so a file found with a name in it is a killed run's.
+  (filelock empties the file on every attempt, which would lose the name.)
+  Not for remote file systems (gs://): there, or without `hold`, nothing is
+  held.
+  """
+  if not hold or '://' in workdir:
+    yield
+    return
+  prepare_workdir(workdir)
+  path = os.path.join(workdir, LOCK_FILE)
+  with _locked(path, workdir) as f:
+    f.seek(0)
+    killed = f.read().strip()
+    if killed:
+      logging.warning(
+          'Taking over %s from %s, which ended without releasing it.',
+          path,
+          killed,
+      )
+    f.truncate(0)
+    f.write(f'process {os.getpid()} on {socket.gethostname()}\n')
+    f.flush()
+    try:
+      yield
+    finally:
+      os.remove(path)  # Before the lock is released, as the file closes.
 
 
 def position(step: int, steps_per_epoch: int) -> str:
@@ -195,47 +317,80 @@ class Run:
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
     prepare_workdir(workdir)
     self.config = config
-    self.manager, self._meta = latest(config, workdir)
+    self.workdir = workdir
+    self.manager, _ = latest(config, workdir)
     self.steps_per_epoch = 1
 
   def resume(self, model, optimizer, metrics, steps_per_epoch: int):
     """The global step and summary to go on from; restores the objects.
 
-    A fresh run goes on from step 0, with no summary yet.
+    A fresh run goes on from step 0, with no summary yet. Checkpoints newer
+    than the one restored cannot be: they are moved to `<workdir>/
+    damaged_checkpoints/`, out of the way of the steps the run saves again.
     """
     self.steps_per_epoch = steps_per_epoch
-    if self._meta is None:
-      return 0, None
-    step = self._meta['step']
-    restore(
-        self.manager, step, model=model, optimizer=optimizer, metrics=metrics
+    meta, damaged = restore_newest(
+        self.manager,
+        self.config,
+        True,
+        model=model,
+        optimizer=optimizer,
+        metrics=metrics,
     )
+    for step in damaged:
+      self._move_aside(step)
+    if meta is None:
+      return 0, None
     logging.info(
         'Resuming from the checkpoint (%s) in %s.',
-        self.position(step),
+        self.position(meta['step']),
         self.manager.directory,
     )
-    return step, self._meta['summary']
+    return meta['step'], meta['summary']
+
+  def _move_aside(self, step: int) -> None:
+    damaged = os.path.join(
+        self.workdir, DAMAGED, f'{step}-{time.strftime("%Y%m%d-%H%M%S")}'
+    )
+    tf.io.gfile.makedirs(os.path.dirname(damaged))
+    tf.io.gfile.rename(
+        os.path.join(str(self.manager.directory), str(step)), damaged
+    )
+    logging.warning(
+        'Moved the checkpoint of step %d, which cannot be restored, to %s.',
+        step,
+        damaged,
+    )
+    self.manager.reload()
 
   def position(self, step: int) -> str:
     return position(step, self.steps_per_epoch)
 
   def save(self, step: int, model, optimizer, metrics, summary) -> None:
-    """Saves the objects at global `step`, with the last epoch's summary."""
-    save(
-        self.manager,
-        step,
-        model,
-        optimizer,
-        metrics,
-        {
-            'step': step,
-            'epoch': step // self.steps_per_epoch,
-            'steps_per_epoch': self.steps_per_epoch,
-            'config': self.config.to_dict(),
-            'summary': summary,
-        },
-    )
+    """Saves the objects at global `step`, with the last epoch's summary.
+
+    Raises:
+      WorkdirError: the checkpoint could not be written (a full disk, a
+        directory made read-only); the checkpoints before it are kept.
+    """
+    meta = {
+        'step': step,
+        'epoch': step // self.steps_per_epoch,
+        'steps_per_epoch': self.steps_per_epoch,
+        'config': self.config.to_dict(),
+        'summary': summary,
+    }
+    try:
+      save(self.manager, step, model, optimizer, metrics, meta)
+    except Exception as e:  # pylint: disable=broad-except
+      # Orbax and TensorStore raise many kinds of error for a failed write.
+      kept = self.manager.latest_step()
+      kept = f'the checkpoint of step {kept}' if kept else 'no checkpoint'
+      raise WorkdirError(
+          f'cannot write the checkpoint ({self.position(step)}) in '
+          f'{self.manager.directory} ({_cause(e)}); {kept} is kept: free space '
+          'or make it writable, then rerun the same command to resume'
+      ) from e
     logging.info(
         'Saved a checkpoint (%s) in %s.',
         self.position(step),

@@ -151,18 +151,19 @@ def export_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> str:
 
   Raises:
     config_validation.ConfigError: a field of `config` is not allowed.
-    checkpoints.WorkdirError: no checkpoint, or one of another config.
+    checkpoints.WorkdirError: no checkpoint that restores, or one of another
+      config.
   """
   config_validation.validate(config)
-  saved, meta = checkpoints.latest(config, workdir, training=False)
+  saved = checkpoints.manager(workdir)
+  # Any initial values do: the checkpoint replaces them all.
+  model = models.CNN(dropout_rate=config.dropout_rate, rngs=nnx.Rngs(0))
+  meta, _ = checkpoints.restore_newest(saved, config, False, model=model)
   if meta is None:
     raise checkpoints.WorkdirError(
         f'no checkpoint in {saved.directory}: train first, with the same '
         '--workdir and --config'
     )
-  # Any initial values do: the checkpoint replaces them all.
-  model = models.CNN(dropout_rate=config.dropout_rate, rngs=nnx.Rngs(0))
-  checkpoints.restore(saved, meta['step'], model=model)
   path = export_saved_model(
       model, os.path.join(workdir, 'export', config.export_model_name)
   )

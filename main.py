@@ -1,15 +1,19 @@
 """Command line of the MNIST example: flags, then `train.train_and_evaluate`.
 
 Kept short on purpose: the logic lives in libraries that can be imported
-and tested on their own. Mistakes (config, workdir, data, a diverging loss)
-end the run with one line, `error: ...`, and exit status 1; `--verbosity=1`
-shows the traceback too. SIGTERM stops training at the next dispatch of
-steps, saves a checkpoint there and exits with 143 (128 + SIGTERM), the
-status of a preempted job; the same command resumes it.
+and tested on their own. Mistakes (config, workdir, data, a diverging loss,
+a failed write) end the run with one line, `error: ...`, and exit status 1;
+`--verbosity=1` shows the traceback too. SIGTERM or Ctrl-C (SIGINT) stops
+training at the next dispatch of steps, on every process, saves a checkpoint
+there and exits with 128 + the signal (143: a preempted job; 130); the same
+command resumes it. A second Ctrl-C exits at once, without a checkpoint.
+One run at a time per workdir: the second one started refuses with one line.
 """
 
+import asyncio
 import os
 import signal
+import socket
 import sys
 import threading
 
@@ -17,6 +21,7 @@ from absl import app
 from absl import flags
 from absl import logging
 import checkpoints
+import clu
 from clu import platform
 import config_validation
 import export
@@ -24,6 +29,7 @@ import input_pipeline
 import jax
 from ml_collections import config_flags
 import orbax.checkpoint
+import summaries
 import tensorflow as tf
 import train
 
@@ -80,32 +86,81 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 class QuietLibraries(logging.logging.Filter):
-  """Drops the INFO records of orbax and TensorFlow, which narrate their work.
+  """Drops what orbax and TensorFlow log that the run says better itself.
 
-  Saving a checkpoint or a SavedModel logs dozens of lines (temporary
-  directories, handler registries, threads); the run logs one of its own
-  instead. WARNING and above always pass.
+  Their INFO records narrate their work: saving a checkpoint or a SavedModel
+  logs dozens of lines (temporary directories, handler registries, threads);
+  the run logs one of its own instead. When a write fails, orbax's threads
+  and their asyncio loops log the error with its traceback, several times;
+  the run ends with one line naming it; so do clu's summary writer threads.
+  Other warnings and errors pass.
   """
 
   def __init__(self):
     super().__init__()
     orbax_dir = os.path.dirname(os.path.dirname(orbax.checkpoint.__file__))
     self._dirs = (orbax_dir + os.sep, os.path.dirname(tf.__file__) + os.sep)
+    self._threads_dirs = (
+        orbax_dir + os.sep,
+        os.path.dirname(asyncio.__file__) + os.sep,
+        os.path.dirname(clu.__file__) + os.sep,
+    )
 
   def filter(self, record) -> bool:
-    return record.levelno > logging.logging.INFO or not (
-        record.pathname.startswith(self._dirs)
+    if record.levelno <= logging.logging.INFO:
+      return not record.pathname.startswith(self._dirs)
+    return not (
+        record.exc_info and record.pathname.startswith(self._threads_dirs)
     )
 
 
 QUIET_LIBRARIES = QuietLibraries()
 
 
-def stop_on_sigterm() -> threading.Event:
-  """An event that SIGTERM sets: the training loop polls it between dispatches."""
-  stop = threading.Event()
-  signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-  return stop
+def log_unraisable(unraisable) -> None:
+  """Python's report of an error it cannot raise, as one DEBUG line.
+
+  After a failed checkpoint write, TensorStore's callbacks into orbax's
+  closed event loop fail this way a dozen times, each with a traceback, where
+  the run's one-line error says what happened.
+  """
+  logging.debug('Ignored in %r: %r', unraisable.object, unraisable.exc_value)
+
+
+class StopSignals:
+  """SIGTERM and SIGINT ask the run to stop; the loop polls between dispatches.
+
+  A second Ctrl-C ends the process at once, without a checkpoint, even in
+  the middle of a long computation: the signals are read by a thread from
+  Python's wakeup file descriptor, which the C handler writes to at once,
+  whereas Python handlers wait for the main thread to be back in Python.
+  """
+
+  def __init__(self):
+    self.received = None
+    self._read, self._write = socket.socketpair()
+    self._write.setblocking(False)
+    signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+      signal.signal(signum, lambda signum, frame: None)
+    threading.Thread(target=self._watch, daemon=True).start()
+
+  def _watch(self):
+    while data := self._read.recv(64):
+      for signum in map(signal.Signals, data):
+        if self.received is None:
+          self.received = signum
+          logging.warning(
+              '%s: stopping at the next dispatch, with a checkpoint (Ctrl-C '
+              'again to exit at once, without one).',
+              signum.name,
+          )
+        elif signum == signal.SIGINT:
+          logging.warning('SIGINT again: exiting now, without a checkpoint.')
+          os._exit(128 + signal.SIGINT)
+
+  def asked(self) -> bool:
+    return self.received is not None
 
 
 def main(argv):
@@ -114,6 +169,7 @@ def main(argv):
 
   if FLAGS.verbosity < 1:
     logging.get_absl_handler().addFilter(QUIET_LIBRARIES)
+    sys.unraisablehook = log_unraisable
   # Hide any GPUs from TensorFlow: it would otherwise reserve their memory,
   # which JAX needs.
   tf.config.experimental.set_visible_devices([], 'GPU')
@@ -136,19 +192,27 @@ def main(argv):
       platform.ArtifactType.DIRECTORY, FLAGS.workdir, 'workdir'
   )
 
-  stop = stop_on_sigterm()
+  signals = StopSignals()
   try:
-    if FLAGS.mode == 'export':
-      export.export_checkpoint(FLAGS.config, FLAGS.workdir)
-    else:
-      train.train_and_evaluate(FLAGS.config, FLAGS.workdir, stop.is_set)
+    config_validation.validate(FLAGS.config)  # Before anything is written.
+    # Processes of one multi-host job share the workdir: process 0 holds it.
+    with checkpoints.exclusive(FLAGS.workdir, jax.process_index() == 0):
+      if FLAGS.mode == 'export':
+        export.export_checkpoint(FLAGS.config, FLAGS.workdir)
+      else:
+        train.train_and_evaluate(FLAGS.config, FLAGS.workdir, signals.asked)
   except train.Stopped as e:
-    logging.warning('SIGTERM: %s', e)
-    sys.exit(128 + signal.SIGTERM)
+    if signals.received:
+      received, cause = signals.received, signals.received.name
+    else:  # Another process was asked: the status of a preempted job.
+      received, cause = signal.SIGTERM, 'another process was asked to stop'
+    logging.warning('%s: %s', cause, e)
+    sys.exit(128 + received)
   except (
       config_validation.ConfigError,
       checkpoints.WorkdirError,
       input_pipeline.DataError,
+      summaries.WriteError,
       train.TrainingError,
   ) as e:
     if FLAGS.verbosity >= 1:

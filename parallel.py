@@ -7,6 +7,7 @@ devices' part of every global batch.
 """
 
 import jax
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
@@ -75,3 +76,14 @@ def local_copy(tree):
   arrays spanning several processes are not fully addressable by one.
   """
   return jax.tree.map(lambda x: x.addressable_data(0), tree)
+
+
+def any_process(flag: bool) -> bool:
+  """Whether `flag` is true on any process: each must ask at the same point.
+
+  How every process learns that one of them was asked to stop (a preemption
+  notice reaches one host first), so that all stop at the same step.
+  """
+  if jax.process_count() == 1:
+    return flag
+  return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))

@@ -2,10 +2,14 @@
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 
+from configs import default
 import input_pipeline
 import numpy as np
 import parallel
@@ -167,3 +171,100 @@ def test_two_processes_train_together_and_agree(small_config):
   assert first['sums'] == second['sums']
   assert first['loss'] == second['loss']
   assert np.isfinite(first['loss'])
+
+
+# Two processes of main.py on one workdir, as a two-host job runs.
+
+
+def _start_two_processes(config, workdir: str, logs) -> list:
+  """main.py --distributed as processes 0 and 1; their stderr goes to `logs`."""
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1')
+  changed = {
+      k: v for k, v in config.to_dict().items() if v != default.get_config()[k]
+  }
+  flags = [f'--config.{k}={v}' for k, v in changed.items()]
+  return [
+      subprocess.Popen(
+          [
+              sys.executable,
+              'main.py',
+              f'--workdir={workdir}',
+              '--config=configs/default.py',
+              *flags,
+              '--distributed',
+              f'--coordinator_address=127.0.0.1:{port}',
+              '--num_processes=2',
+              f'--process_id={i}',
+          ],
+          stdout=subprocess.DEVNULL,
+          stderr=log,
+          cwd=ROOT,
+          env=env,
+      )
+      for i, log in enumerate(logs)
+  ]
+
+
+def _two_process_run(config, workdir: str, tmp_path, name: str, stop=None):
+  """Both processes' exit status and stderr; `stop(processes, log 0)` first."""
+  paths = [tmp_path / f'{name}.{i}.log' for i in range(2)]
+  logs = [open(p, 'w') for p in paths]
+  processes = _start_two_processes(config, workdir, logs)
+  try:
+    if stop:
+      stop(processes, paths[0])
+    statuses = [p.wait(timeout=600) for p in processes]
+  finally:
+    for p in processes:
+      p.kill()
+    for log in logs:
+      log.close()
+  return statuses, [p.read_text() for p in paths]
+
+
+def _last_epoch_line(stderr: str) -> str:
+  return re.findall(r'epoch: +\d+, train_loss.*', stderr)[-1]
+
+
+def test_sigterm_to_one_process_stops_both_at_one_step(small_config, tmp_path):
+  config = small_config(
+      train_split='train[:2048]',
+      batch_size=64,
+      num_epochs=2,
+      steps_per_call=2,
+      progress_every_secs=0.01,
+  )
+  statuses, uninterrupted = _two_process_run(
+      config, str(tmp_path / 'uninterrupted'), tmp_path, 'uninterrupted'
+  )
+  assert statuses == [0, 0], uninterrupted[0][-3000:]
+
+  def sigterm_to_process_1_in_epoch_1(processes, log_0):
+    deadline = time.monotonic() + 300
+    while not re.search(r'\((1\d|2\d)/64\)', log_0.read_text()):
+      assert time.monotonic() < deadline and processes[0].poll() is None
+      time.sleep(0.05)
+    processes[1].send_signal(signal.SIGTERM)
+
+  workdir = str(tmp_path / 'workdir')
+  statuses, stderr = _two_process_run(
+      config, workdir, tmp_path, 'stopped', sigterm_to_process_1_in_epoch_1
+  )
+  assert statuses == [143, 143], stderr[0][-3000:]
+  stopped = [
+      re.search(r'(.*): stopped \(step (\d+), in epoch 1\)', s) for s in stderr
+  ]
+  assert stopped[0].group(1).endswith('another process was asked to stop')
+  assert stopped[1].group(1).endswith('SIGTERM')
+  step = int(stopped[0].group(2))
+  assert int(stopped[1].group(2)) == step and 0 < step < 32
+  assert 'Traceback' not in stderr[0] + stderr[1]
+
+  statuses, resumed = _two_process_run(config, workdir, tmp_path, 'resumed')
+  assert statuses == [0, 0], resumed[0][-3000:]
+  assert f'Resuming from the checkpoint (step {step}, in epoch 1)' in resumed[0]
+  for i in range(2):
+    assert _last_epoch_line(resumed[i]) == _last_epoch_line(uninterrupted[0])

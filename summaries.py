@@ -8,8 +8,11 @@ scalars; train.py calls the `write_*` functions. `read_scalars`, `read_images` a
 workdir's event files back, for plot.py, the benchmark and the tests.
 """
 
+import contextlib
 import os
+import re
 
+from clu import asynclib
 from clu import metric_writers
 import jax
 from matplotlib import figure
@@ -31,12 +34,38 @@ HEADER = 20
 NUM_CLASSES = 10
 
 
+class WriteError(Exception):
+  """Summaries could not be written; the message is one line for the user."""
+
+  @classmethod
+  def of(cls, error: Exception) -> 'WriteError':
+    """The error that the write's innermost cause (TensorFlow's) words."""
+    while error.__cause__ is not None:  # clu's writer wraps it twice.
+      error = error.__cause__
+    text = getattr(error, 'message', None) or str(error)
+    text = re.sub(r'\{\{[^}]*\}\}\s*', '', text).strip().splitlines()[0]
+    return cls(
+        f'cannot write the summaries ({text}): free space or make the workdir '
+        'writable, then rerun the same command to resume'
+    )
+
+
+@contextlib.contextmanager
+def _write_errors():
+  """Raises what a failed write raises, deferred by clu's writer, as WriteError."""
+  try:
+    yield
+  except (asynclib.AsyncError, tf.errors.OpError, OSError) as e:
+    raise WriteError.of(e) from e
+
+
 class NewStepsWriter:
   """A metric writer that writes each tag only past a given step.
 
   A resumed run repeats the steps after its checkpoint. Those that the
   interrupted run summarised already (the same values: they are
-  deterministic) are not summarised twice.
+  deterministic) are not summarised twice. A write that fails (a full disk),
+  here or in the writer's thread, raises WriteError.
   """
 
   def __init__(self, writer: metric_writers.MetricWriter, last: dict[str, int]):
@@ -51,18 +80,22 @@ class NewStepsWriter:
 
   def write_scalars(self, step: int, scalars: dict) -> None:
     if new := self._new(step, scalars):
-      self._writer.write_scalars(step, new)
+      with _write_errors():
+        self._writer.write_scalars(step, new)
 
   def write_images(self, step: int, images: dict) -> None:
     if new := self._new(step, images):
-      self._writer.write_images(step, new)
+      with _write_errors():
+        self._writer.write_images(step, new)
 
   def write_texts(self, step: int, texts: dict) -> None:
     if new := self._new(step, texts):
-      self._writer.write_texts(step, new)
+      with _write_errors():
+        self._writer.write_texts(step, new)
 
   def flush(self) -> None:
-    self._writer.flush()
+    with _write_errors():
+      self._writer.flush()
 
 
 def create_writer(

@@ -296,8 +296,8 @@ def train_and_evaluate(
   workdir with a checkpoint resumes from it, to the end that an
   uninterrupted run reaches. Whatever can fail (config, workdir, checkpoint,
   data) fails before training starts. `stop()` is asked after each dispatch
-  of steps: once it is true, the run saves a checkpoint and raises
-  `Stopped`.
+  of steps: once it is true on any process, every process saves a checkpoint
+  at that step and raises `Stopped`.
 
   Returns:
     The last epoch's summary: train_loss, train_accuracy, test_loss and
@@ -321,6 +321,7 @@ def train_and_evaluate(
   writer = summaries.create_writer(workdir, config, nnx.state(model, nnx.Param))
   on_steps = progress.EpochProgress.create(config, steps_per_epoch, writer)
   rate = learning_rate(config, total_steps)
+  agreed_stop = lambda: parallel.any_process(stop())
 
   with cpu_levers.applied(config, model):
     for epoch in range(step // steps_per_epoch + 1, config.num_epochs + 1):
@@ -329,7 +330,14 @@ def train_and_evaluate(
       order = _rest_of_epoch(config, step, train_data, steps_per_epoch)
       try:
         step = train_epoch(
-            *objects, train_data, order, mesh, config, step, on_steps, stop
+            *objects,
+            train_data,
+            order,
+            mesh,
+            config,
+            step,
+            on_steps,
+            agreed_stop,
         )
       except NonFiniteLoss as e:
         raise TrainingError(run.diverged(e.loss, e.step + 1)) from None
@@ -350,7 +358,7 @@ def train_and_evaluate(
       summaries.write_epoch(
           writer, epoch, scalars, test_data, predicted, rate, step, last
       )
-      stopping = stop() and not last
+      stopping = agreed_stop() and not last
       if stopping or last or epoch % config.checkpoint_every_epochs == 0:
         run.save(step, *objects, summary)
       if stopping:
