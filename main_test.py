@@ -466,36 +466,22 @@ def test_sigkill_in_the_middle_of_an_epoch_loses_only_that_epoch(
   _assert_resumes_to(workdir, config, uninterrupted)
 
 
-def test_sigterm_saves_where_it_is_and_exits_cleanly(
-    resume_config, uninterrupted, tmp_path
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_ctrl_c_saves_where_it_is_and_exits_cleanly(
+    resume_config, uninterrupted, tmp_path, sig
 ):
+  """SIGTERM exits 143, as a preempted job; Ctrl-C (SIGINT) 130."""
   config, workdir = resume_config, str(tmp_path / 'workdir')
-  status, stderr = _run_until_mid_epoch_2(workdir, config, signal.SIGTERM)
-  assert status == 128 + signal.SIGTERM, stderr[-3000:]
+  status, stderr = _run_until_mid_epoch_2(workdir, config, sig)
+  assert status == 128 + sig, stderr[-3000:]
   assert 'Traceback' not in stderr
   (step,) = [s for s in checkpoints.manager(workdir).all_steps() if s > 64]
   assert 64 < step < 128 and step % 8 == 0  # In epoch 2, between dispatches.
   assert (
-      f'SIGTERM: stopped (step {step}, in epoch 2) with a checkpoint in '
-      f'{os.path.join(workdir, "checkpoints")}: rerun the same command to resume'
-  ) in stderr
-  _assert_resumes_to(workdir, config, uninterrupted)
-
-
-def test_ctrl_c_saves_where_it_is_and_exits_130(
-    resume_config, uninterrupted, tmp_path
-):
-  config, workdir = resume_config, str(tmp_path / 'workdir')
-  status, stderr = _run_until_mid_epoch_2(workdir, config, signal.SIGINT)
-  assert status == 128 + signal.SIGINT, stderr[-3000:]
-  assert 'Traceback' not in stderr
-  (step,) = [s for s in checkpoints.manager(workdir).all_steps() if s > 64]
-  assert 64 < step < 128 and step % 8 == 0
-  assert (
       stderr.strip()
       .splitlines()[-1]
       .endswith(
-          f'SIGINT: stopped (step {step}, in epoch 2) with a checkpoint in '
+          f'{sig.name}: stopped (step {step}, in epoch 2) with a checkpoint in '
           f'{os.path.join(workdir, "checkpoints")}: rerun the same command to resume'
       )
   )
