@@ -15,8 +15,6 @@ from matplotlib.backends import backend_agg
 import summaries
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string('workdir', None, 'Workdir of a run (its summaries).')
-flags.DEFINE_string('out', 'curves.png', 'Path of the PNG to write.')
 
 SIZE = (10, 4)  # Inches; at DPI dots per inch, a 1000x400 PNG.
 DPI = 100
@@ -63,6 +61,9 @@ def main(argv) -> None:
 
 
 if __name__ == '__main__':
-  # Here, not on import: importing the module (its tests) needs no flags.
+  # Here, not on import: a program that imports plot_curves (the notebook,
+  # beside main.py, whose flags have the same names) gets no flags from it.
+  flags.DEFINE_string('workdir', None, 'Workdir of a run (its summaries).')
+  flags.DEFINE_string('out', 'curves.png', 'Path of the PNG to write.')
   flags.mark_flag_as_required('workdir')
   app.run(main)
