@@ -19,8 +19,12 @@ from.
 
 import glob
 import gzip
+import importlib.util
 import os
 import re
+import subprocess
+import sys
+import tempfile
 import zlib
 
 import jax
@@ -257,31 +261,52 @@ def from_hf(config: ml_collections.ConfigDict, split: str) -> Arrays:
   return hf_arrays(datasets.Dataset(parquet.read_table(files)))
 
 
+# torchvision imports triton (through torch._dynamo), and importing triton
+# after TensorFlow aborts the process: both bring their own LLVM. So
+# torchvision reads the files in a process of its own, without TensorFlow.
+# argv: root, dataset class, split, output .npz.
+_TORCHVISION_READER = """
+import sys
+import numpy as np
+from torchvision import datasets
+root, name, split, out = sys.argv[1:]
+try:
+  dataset = getattr(datasets, name)(root, train=split == 'train', download=True)
+except (OSError, RuntimeError) as e:
+  sys.exit(' '.join(str(e).split()))
+np.savez(out, images=dataset.data.numpy(), labels=dataset.targets.numpy())
+"""
+
+
 def from_torchvision(config: ml_collections.ConfigDict, split: str) -> Arrays:
   """`split` from torchvision, reading the dataset's `.data` and `.targets`.
 
-  torchvision is optional (it brings PyTorch). `config.data_dir` is its root
-  ('' is ~/torchvision_datasets); torchvision downloads the files into
-  `<root>/MNIST/raw` unless they are there.
+  torchvision is optional (it brings PyTorch): the `torchvision` extra.
+  `config.data_dir` is its root ('' is ~/torchvision_datasets); torchvision
+  downloads the files into `<root>/MNIST/raw` unless they are there.
   """
-  try:
-    from torchvision import datasets  # pylint: disable=g-import-not-at-top
-  except ImportError:
+  if importlib.util.find_spec('torchvision') is None:
     raise DataError(
-        "data_source 'torchvision' needs torchvision, which requirements.txt "
-        'leaves out (it brings PyTorch): pip install torchvision'
-    ) from None
-  root = os.path.expanduser(config.data_dir or '~/torchvision_datasets')
-  try:
-    dataset = getattr(datasets, TORCHVISION_CLASSES[config.dataset])(
-        root, train=split == 'train', download=True
+        "data_source 'torchvision' needs torchvision, which brings PyTorch: "
+        'uv sync --extra torchvision, or pip install torchvision'
     )
-  except (OSError, RuntimeError) as e:
-    cause = ' '.join(str(e).split())  # One line.
-    raise DataError(
-        f'{root}: torchvision cannot read or download {config.dataset}: {cause}'
-    ) from None
-  return to_arrays(dataset.data.numpy(), dataset.targets.numpy())
+  root = os.path.expanduser(config.data_dir or '~/torchvision_datasets')
+  with tempfile.TemporaryDirectory() as directory:
+    out = os.path.join(directory, 'arrays.npz')
+    name = TORCHVISION_CLASSES[config.dataset]
+    result = subprocess.run(
+        [sys.executable, '-c', _TORCHVISION_READER, root, name, split, out],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode:
+      lines = result.stderr.strip().splitlines()
+      raise DataError(
+          f'{root}: torchvision cannot read or download {config.dataset}: '
+          f'{lines[-1] if lines else f"exit status {result.returncode}"}'
+      )
+    with np.load(out) as arrays:
+      return to_arrays(arrays['images'], arrays['labels'])
 
 
 # data_source: a function (config, split) -> Arrays.

@@ -1,6 +1,7 @@
 """Tests of the input pipeline on the real MNIST files."""
 
 import gzip
+import importlib.util
 import os
 import sys
 
@@ -205,8 +206,14 @@ def test_hf_sources_give_the_idx_arrays(small_files, tmp_path):
 
 
 def test_torchvision_source_gives_the_idx_arrays(small_files, tmp_path):
-  # Opt-in: torchvision brings PyTorch, which requirements.txt leaves out.
-  pytest.importorskip('torchvision', reason='opt-in: pip install torchvision')
+  """Opt-in: torchvision brings PyTorch, which `make test` leaves out.
+
+  Not imported here: this process has TensorFlow, and torchvision brings
+  triton, which aborts a process that loaded TensorFlow first. The source
+  reads in a process of its own; that is what this test runs.
+  """
+  if importlib.util.find_spec('torchvision') is None:
+    pytest.skip('opt-in: the torchvision extra, uv sync --extra torchvision')
   raw = tmp_path / 'MNIST' / 'raw'  # torchvision's layout, uncompressed.
   raw.mkdir(parents=True)
   for name in os.listdir(small_files):
