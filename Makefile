@@ -30,8 +30,10 @@ EXPORT = $(UV) export --locked --no-hashes --no-header $(EXTRAS)
 	$(PYTHON) -m venv .uv
 	.uv/bin/pip install --quiet uv==$(UV_VERSION)
 
+# Bytecode compiled at install, as pip does: otherwise the tests' many
+# processes compile JAX and TensorFlow's modules on first import.
 $(VENV)/installed: uv.lock pyproject.toml | $(UV)
-	$(UV) sync --locked $(EXTRAS) --python $(PYTHON_EXE)
+	$(UV) sync --locked --compile-bytecode $(EXTRAS) --python $(PYTHON_EXE)
 	touch $@
 
 .PHONY: venv train test format-check lock requirements-check smoke
@@ -61,5 +63,5 @@ requirements-check: | $(UV)
 # Another Python (make smoke PYTHON=python3.12): its own environment from the
 # lock, then a short run, the export and predict.py (tools/smoke.sh).
 smoke: | $(UV)
-	UV_PROJECT_ENVIRONMENT=.venv-$(PYTHON) $(UV) sync --locked --python $(PYTHON_EXE) --no-dev
+	UV_PROJECT_ENVIRONMENT=.venv-$(PYTHON) $(UV) sync --locked --compile-bytecode --python $(PYTHON_EXE) --no-dev
 	bash tools/smoke.sh .venv-$(PYTHON)/bin/python
