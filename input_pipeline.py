@@ -241,8 +241,8 @@ def from_hf(config: ml_collections.ConfigDict, split: str) -> Arrays:
     from pyarrow import parquet  # pylint: disable=g-import-not-at-top
   except ImportError:
     raise DataError(
-        "data_source 'hf' needs Hugging Face datasets: pip install datasets "
-        '(pinned in requirements.txt)'
+        "data_source 'hf' needs Hugging Face datasets: the hf extra, "
+        'uv sync --extra hf (make installs it), or pip install datasets'
     ) from None
   directory = os.path.expanduser(config.data_dir)
   if not directory:
