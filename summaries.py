@@ -249,7 +249,8 @@ def _events(workdir: str):
   pattern = os.path.join(workdir, 'events.out.tfevents.*')
   for path in sorted(tf.io.gfile.glob(pattern)):
     try:
-      for event in tf.compat.v1.train.summary_iterator(path):
+      for record in tf.data.TFRecordDataset(path):
+        event = tf.compat.v1.Event.FromString(record.numpy())
         for value in event.summary.value:
           yield event.step, event.wall_time, value
     except tf.errors.DataLossError:
