@@ -410,21 +410,41 @@ def uninterrupted(resume_config, tmp_path_factory):
   return train.train_and_evaluate(resume_config, workdir)
 
 
-def _run_until_mid_epoch_2(workdir, config, sig) -> tuple[int, str]:
-  """Starts a run, sends `sig` during epoch 2; its exit status and stderr."""
-  process = subprocess.Popen(
+def _start(workdir, config) -> subprocess.Popen:
+  """main.py on `config` in a process of its own, its stderr a text pipe."""
+  return subprocess.Popen(
       _command(f'--workdir={workdir}', *_flags(config)),
       stderr=subprocess.PIPE,
       text=True,
       cwd=ROOT,
   )
+
+
+def _read_until(process, reached) -> list[str]:
+  """The lines of `process`'s stderr up to the first one that `reached`."""
   lines = []
   for line in process.stderr:
     lines.append(line)
-    progress = re.search(r'\((\d+)/192\)', line)
-    if progress and 64 < int(progress.group(1)) < 128:
-      process.send_signal(sig)
+    if reached(line):
       break
+  return lines
+
+
+def _in_epoch_2(line: str) -> bool:
+  """A progress line of `resume_config` in the middle of epoch 2."""
+  progress = re.search(r'\((\d+)/192\)', line)
+  return bool(progress) and 64 < int(progress.group(1)) < 128
+
+
+def _epoch_1_saved(line: str) -> bool:
+  return 'Saved a checkpoint (step 64, end of epoch 1)' in line
+
+
+def _run_until_mid_epoch_2(workdir, config, sig) -> tuple[int, str]:
+  """Starts a run, sends `sig` during epoch 2; its exit status and stderr."""
+  process = _start(workdir, config)
+  lines = _read_until(process, _in_epoch_2)
+  process.send_signal(sig)
   lines.extend(process.stderr)
   return process.wait(timeout=300), ''.join(lines)
 
@@ -490,19 +510,11 @@ def test_sigterm_or_ctrl_c_saves_where_it_is_and_exits_cleanly(
 
 def test_a_second_ctrl_c_exits_at_once(resume_config, tmp_path):
   workdir = str(tmp_path / 'workdir')
-  process = subprocess.Popen(
-      _command(f'--workdir={workdir}', *_flags(resume_config)),
-      stderr=subprocess.PIPE,
-      text=True,
-      cwd=ROOT,
-  )
-  for line in process.stderr:
-    progress = re.search(r'\((\d+)/192\)', line)
-    if progress and 64 < int(progress.group(1)) < 128:
-      process.send_signal(signal.SIGINT)
-      time.sleep(0.05)  # Two presses, not one signal delivered once.
-      process.send_signal(signal.SIGINT)
-      break
+  process = _start(workdir, resume_config)
+  _read_until(process, _in_epoch_2)
+  process.send_signal(signal.SIGINT)
+  time.sleep(0.05)  # Two presses, not one signal delivered once.
+  process.send_signal(signal.SIGINT)
   stderr = process.stderr.read()
   assert process.wait(timeout=300) == 128 + signal.SIGINT
   assert 'SIGINT again: exiting now, without a checkpoint.' in stderr
@@ -518,16 +530,9 @@ def test_a_second_run_on_a_workdir_in_use_refuses(
     run_main, resume_config, tmp_path, caplog
 ):
   config, workdir = resume_config, str(tmp_path / 'workdir')
-  first = subprocess.Popen(
-      _command(f'--workdir={workdir}', *_flags(config)),
-      stderr=subprocess.PIPE,
-      text=True,
-      cwd=ROOT,
-  )
+  first = _start(workdir, config)
   try:
-    for line in first.stderr:
-      if 'Saved a checkpoint (step 64, end of epoch 1)' in line:
-        break
+    _read_until(first, _epoch_1_saved)
     lock = os.path.join(workdir, checkpoints.LOCK_FILE)
     holder = f'process {first.pid} on {socket.gethostname()}'
     status = run_main(f'--workdir={workdir}', *_flags(config))
@@ -662,17 +667,10 @@ def test_a_write_that_fails_mid_run(
   summaries, written before it.
   """
   config, workdir = resume_config, str(tmp_path / 'workdir')
-  process = subprocess.Popen(
-      _command(f'--workdir={workdir}', *_flags(config)),
-      stderr=subprocess.PIPE,
-      text=True,
-      cwd=ROOT,
-  )
-  for line in process.stderr:
-    if 'Saved a checkpoint (step 64, end of epoch 1)' in line:
-      limit = {'checkpoint': 1 << 20, 'summaries': 1 << 10}[what]
-      resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (limit, limit))
-      break
+  process = _start(workdir, config)
+  _read_until(process, _epoch_1_saved)
+  limit = {'checkpoint': 1 << 20, 'summaries': 1 << 10}[what]
+  resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (limit, limit))
   stderr = process.stderr.read()
   assert process.wait(timeout=300) == 1, stderr[-3000:]
   assert 'Traceback' not in stderr
