@@ -187,7 +187,9 @@ def restore_newest(saved, config, training: bool, **objects):
   """Restores the newest checkpoint that restores and fits `config`.
 
   Orbax raises many kinds of error for a checkpoint with a file truncated or
-  missing; each such checkpoint is skipped with a warning.
+  missing; each such checkpoint is skipped, with a warning when `objects`
+  are restored (a scan of the JSON items alone, `latest`, precedes a
+  restore that warns: once is enough).
 
   Returns:
     The JSON item of the checkpoint restored (None if there is none), and
@@ -207,12 +209,13 @@ def restore_newest(saved, config, training: bool, **objects):
     except WorkdirError:
       raise
     except Exception as e:  # pylint: disable=broad-except
-      logging.warning(
-          'The checkpoint of step %d in %s cannot be restored (%s).',
-          step,
-          saved.directory,
-          _cause(e),
-      )
+      if objects:
+        logging.warning(
+            'The checkpoint of step %d in %s cannot be restored (%s).',
+            step,
+            saved.directory,
+            _cause(e),
+        )
       damaged.append((step, e))
       continue
     return meta, [s for s, _ in damaged]
