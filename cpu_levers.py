@@ -72,38 +72,54 @@ def _shifted(x: jax.Array, kh: int, kw: int) -> list[jax.Array]:
   return [padded[:, i : i + h, j : j + w] for i in range(kh) for j in range(kw)]
 
 
+def _patches(x: jax.Array, kh: int, kw: int) -> jax.Array:
+  """im2col: `(B*H*W, kh*kw*C)`, the inputs of each output pixel in a row."""
+  return jnp.concatenate(_shifted(x, kh, kw), axis=-1).reshape(
+      -1, kh * kw * x.shape[-1]
+  )
+
+
+def _col2im(patch_grads: jax.Array, shape, kh: int, kw: int) -> jax.Array:
+  """The transpose of `_patches`: each tap's part added back where it read."""
+  b, h, w, c = shape
+  taps = patch_grads.reshape(b, h, w, kh * kw, c)
+  padded = jnp.zeros((b, h + kh - 1, w + kw - 1, c), patch_grads.dtype)
+  for t in range(kh * kw):
+    i, j = divmod(t, kw)
+    padded = padded.at[:, i : i + h, j : j + w].add(taps[:, :, :, t])
+  return padded[:, kh // 2 : kh // 2 + h, kw // 2 : kw // 2 + w]
+
+
 @jax.custom_vjp
 def conv_same(x: jax.Array, kernel: jax.Array) -> jax.Array:
-  """`_conv`, with its backward pass written as convolutions and matmuls.
+  """`_conv`, trained as matmuls: im2col forward, its transposes backward.
 
-  The same function as `lax.conv_general_dilated`; only its gradients are
-  formulated differently. XLA's CPU transposed convolutions are slow, above
-  all inside `lax.scan` (where the training loop runs): the kernel gradient
-  of the 32->64 conv took 1.7 s a step there, against 20 ms as the nine
-  matmuls below (profiled on the 2-core development CPU).
+  The same function as `lax.conv_general_dilated` (which computes it where
+  no gradient is taken, as in evaluation). XLA's CPU transposed
+  convolutions are slow, above all inside `lax.scan` (where the training
+  loop runs): the kernel gradient of the 32->64 conv took 1.7 s a step
+  there, against 20 ms as matmuls. In training the forward pass is the
+  patches times the kernel, and the patches serve the kernel gradient too.
   """
   return _conv(x, kernel)
 
 
 def _conv_same_fwd(x, kernel):
-  return _conv(x, kernel), (x, kernel)
+  kh, kw, cin, cout = kernel.shape
+  patches = _patches(x, kh, kw)
+  if cin == 1:  # Nine taps of one channel: XLA's own convolution is faster.
+    return _conv(x, kernel), (patches, kernel)
+  y = patches @ kernel.reshape(-1, cout)
+  return y.reshape(*x.shape[:3], cout), (patches, kernel)
 
 
 def _conv_same_bwd(residuals, g):
-  x, kernel = residuals
+  patches, kernel = residuals
   kh, kw, cin, cout = kernel.shape
-  # Input gradient: the 'SAME' convolution with the flipped, transposed kernel.
-  dx = _conv(g, jnp.flip(kernel, (0, 1)).transpose(0, 1, 3, 2))
-  # Kernel gradient: tap (i, j) is x shifted by (i, j), contracted with g
-  # over batch and space.
-  windows = _shifted(x, kh, kw)
   g2 = g.reshape(-1, cout)
-  if cin == 1:  # One matmul over the (B*H*W, kh*kw) patches.
-    patches = jnp.concatenate(windows, axis=-1).reshape(-1, kh * kw)
-    dkernel = patches.T @ g2
-  else:  # One (cin, B*H*W) x (B*H*W, cout) matmul per tap.
-    dkernel = jnp.stack([w.reshape(-1, cin).T @ g2 for w in windows])
-  return dx, dkernel.reshape(kh, kw, cin, cout)
+  dkernel = (patches.T @ g2).reshape(kernel.shape)
+  dpatches = g2 @ kernel.reshape(-1, cout).T
+  return _col2im(dpatches, (*g.shape[:3], cin), kh, kw), dkernel
 
 
 conv_same.defvjp(_conv_same_fwd, _conv_same_bwd)
