@@ -24,6 +24,7 @@ import cpu_levers
 import export
 import filelock
 import input_pipeline
+import numpy as np
 import parallel
 import pytest
 import train
@@ -140,7 +141,7 @@ def mnist_test_images(small_config) -> tuple:
   TFDS orders them its own way, not as the original files do.
   """
   _, test = input_pipeline.load(small_config(test_split='test[:256]'))
-  return test['image'], test['label']
+  return np.asarray(input_pipeline.normalize(test['image'])), test['label']
 
 
 @pytest.fixture(scope='session')

@@ -265,6 +265,7 @@ def test_trained_export_scores_the_accuracy_training_reports(
   batches = input_pipeline.eval_batches(test, config.eval_batch_size)
   reported = train.evaluate(trained_model, train.create_metrics(), batches)
   function = tf.saved_model.load(trained_export).signatures['serving_default']
-  logits = function(image=tf.constant(test['image']))['logits'].numpy()
+  images = np.asarray(input_pipeline.normalize(test['image']))
+  logits = function(image=tf.constant(images))['logits'].numpy()
   correct = np.sum(logits.argmax(-1) == test['label'])
   assert np.float32(correct / 300) == np.float32(reported['accuracy'])

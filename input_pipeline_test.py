@@ -7,8 +7,10 @@ import sys
 
 from configs import default
 import input_pipeline
+import jax
 import numpy as np
 import pytest
+import tensorflow as tf
 
 
 def _config(**fields):
@@ -57,15 +59,19 @@ def test_splits_are_normalised_images_and_integer_labels(mnist_data_dir):
   assert (len(train['label']), len(test['label'])) == (512, 300)
   for arrays in (train, test):
     assert arrays['image'].shape[1:] == (28, 28, 1)
-    assert arrays['image'].dtype == np.float32
-    assert 0.0 == arrays['image'].min() and arrays['image'].max() == 1.0
+    assert arrays['image'].dtype == np.uint8
+    assert 0 == arrays['image'].min() and arrays['image'].max() == 255
     assert arrays['label'].dtype == np.int32
     assert set(np.unique(arrays['label'])) == set(range(10))
-  # Exactly tf.data's normalisation of TFDS' uint8 pixels: k / 255.
-  pixels = np.round(train['image'] * 255)
-  np.testing.assert_array_equal(
-      train['image'], pixels.astype(np.float32) / np.float32(255)
-  )
+
+
+def test_normalize_is_tf_datas_cast_and_divide_on_the_host_and_jitted():
+  pixels = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
+  want = (tf.cast(pixels, tf.float32) / 255.0).numpy()
+  np.testing.assert_array_equal(input_pipeline.normalize(pixels), want)
+  jitted = jax.jit(input_pipeline.normalize)(pixels)
+  assert jitted.dtype == np.float32
+  np.testing.assert_array_equal(jitted, want)
 
 
 def test_prepares_offline_from_the_manual_dir(mnist_data_dir):
@@ -154,11 +160,11 @@ def test_idx_source_reads_the_original_files(small_files):
   )
   assert (
       train['image'].shape == (300, 28, 28, 1)
-      and train['image'].dtype == np.float32
+      and train['image'].dtype == np.uint8
   )
   assert test['label'].shape == (100,) and test['label'].dtype == np.int32
   assert test['label'][:10].tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
-  assert train['image'].min() == 0.0 and train['image'].max() == 1.0
+  assert train['image'].min() == 0 and train['image'].max() == 255
 
 
 def test_hf_sources_give_the_idx_arrays(small_files, tmp_path):

@@ -290,6 +290,7 @@ def test_pngs_of_mnist_are_read_as_training_reads_mnist(pngs, mnist_files):
   ]
   # input_pipeline's own normalisation of the same pixels.
   seen = input_pipeline.to_arrays(raw[:10], labels[:10])['image']
+  seen = np.asarray(input_pipeline.normalize(seen))
   np.testing.assert_array_equal(images, seen)
 
 

@@ -127,7 +127,8 @@ def misclassified_grid(
   """The first GRID**2 test digits whose prediction is wrong, tiled.
 
   Each digit is captioned with its predicted label (red) and its true label
-  (green). Returns a uint8 RGB array; cells without a mistake stay black.
+  (green). `images` are uint8, as `input_pipeline.load` returns them.
+  Returns a uint8 RGB array; cells without a mistake stay black.
   """
   wrong = np.flatnonzero(predicted != labels)
   size = images.shape[1] * SCALE
@@ -142,9 +143,11 @@ def misclassified_grid(
   for n, i in enumerate(wrong[: GRID * GRID]):
     x, y = (n % GRID) * size, HEADER + (n // GRID) * cell_h
     digit = (
-        (images[i].reshape(images.shape[1:3]) * 255).round().astype(np.uint8)
+        images[i]
+        .reshape(images.shape[1:3])
+        .repeat(SCALE, axis=0)
+        .repeat(SCALE, axis=1)
     )
-    digit = digit.repeat(SCALE, axis=0).repeat(SCALE, axis=1)
     grid.paste(Image.fromarray(digit).convert('RGB'), (x, y))
     draw.text((x + 4, y + size + 1), f'pred {predicted[i]}', fill=(255, 90, 90))
     draw.text((x + 46, y + size + 1), f'true {labels[i]}', fill=(90, 220, 90))

@@ -11,8 +11,8 @@ import tensorflow as tf
 
 def _digits(n: int) -> np.ndarray:
   """`n` 28x28 images, each a grey square, distinct from the black background."""
-  images = np.zeros((n, 28, 28, 1), np.float32)
-  images[:, 4:24, 4:24] = 0.5
+  images = np.zeros((n, 28, 28, 1), np.uint8)
+  images[:, 4:24, 4:24] = 128
   return images
 
 

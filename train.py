@@ -88,7 +88,7 @@ def create_metrics() -> nnx.MultiMetric:
 
 def loss_fn(model: models.CNN, batch):
   """Mean cross-entropy of the batch, with per-example losses and logits."""
-  logits = model(batch['image'])
+  logits = model(input_pipeline.normalize(batch['image']))
   losses = optax.softmax_cross_entropy_with_integer_labels(
       logits=logits, labels=batch['label']
   )

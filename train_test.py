@@ -26,7 +26,8 @@ def test_evaluate_counts_every_test_example_once(small_config):
   got, predicted = train.evaluate_and_predict(
       model, train.create_metrics(), batches
   )
-  logits = np.asarray(model(test['image']))  # In eval mode, as evaluated.
+  # In eval mode, as evaluated.
+  logits = np.asarray(model(input_pipeline.normalize(test['image'])))
   assert batches['image'].shape[:2] == (3, 128)
   np.testing.assert_array_equal(predicted, logits.argmax(-1))
   expected_accuracy = np.mean(logits.argmax(-1) == test['label'])

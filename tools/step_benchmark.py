@@ -55,7 +55,7 @@ def _time_variant(name: str, steps: int) -> float:
   config.dropout_rate = dropout
   rng = np.random.default_rng(0)
   n = (steps + 8) * config.batch_size
-  images = rng.random((n, 28, 28, 1), dtype=np.float32)
+  images = rng.integers(0, 256, (n, 28, 28, 1), dtype=np.uint8)
   labels = rng.integers(0, 10, n).astype(np.int32)
   order = rng.permutation(n).reshape(-1, config.batch_size).astype(np.int32)
   model = train.create_model(config)
