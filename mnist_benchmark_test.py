@@ -26,9 +26,20 @@ def test_summarize_takes_medians_after_the_first_epoch():
           4: (250.0, 0),
       },
   }
+  scalars['seconds_train'] = {4: (120.0, 0)}
+  scalars['seconds_evaluation'] = {4: (8.0, 0)}
   result = mnist_benchmark.summarize(
-      scalars, wall_time_s=200.0, peak_rss_mb=512.0
+      scalars,
+      wall_time_s=200.0,
+      peak_rss_mb=512.0,
+      seconds={'startup': 4.0, 'compile': 3.5},
   )
+  assert result['seconds'] == {
+      'startup': 4.0,
+      'compile': 3.5,
+      'train': 120.0,
+      'evaluation': 8.0,
+  }
   assert result['epochs'] == 4
   assert result['seconds_per_epoch'] == 30.0  # median of 30, 20 and 40
   assert result['train_images_per_sec'] == 250.0  # median of 300, 200, 250
@@ -63,6 +74,14 @@ def test_tiny_run_prints_json_and_fails_on_low_accuracy(
   assert report['seconds_per_epoch'] > 0
   assert report['train_images_per_sec'] > 0
   assert report['peak_rss_mb'] > 100
+  phases = {'startup', 'compile'}
+  if loop == 'ours':  # The reference loop does not time its phases.
+    phases |= {'data', 'train', 'evaluation', 'export'}
+  assert set(report['seconds']) == phases
+  assert all(report['seconds'][p] > 0 for p in phases)
+  # Compilation happens within training and evaluation; the rest adds up.
+  del report['seconds']['compile']
+  assert report['wall_time_s'] > sum(report['seconds'].values())
   assert report['config']['num_epochs'] == 2
   # Two steps of training cannot reach 99%: the benchmark says so and fails.
   assert report['final_test_accuracy'] < 0.99

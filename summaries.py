@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 
+from absl import logging
 from clu import asynclib
 from clu import metric_writers
 import jax
@@ -241,6 +242,22 @@ def write_epoch(
         title=f'test set after epoch {epoch}',
     )
     writer.write_images(epoch, {'confusion_matrix': matrix[None]})
+  writer.flush()
+
+
+def write_seconds(
+    writer: metric_writers.MetricWriter, epoch: int, seconds: dict[str, float]
+) -> None:
+  """This process's seconds in each phase of the run, as `seconds_<phase>`.
+
+  Written at the last epoch, logged as one line too: where the time went
+  (a resumed run counts only its own part).
+  """
+  logging.info(
+      'Seconds spent: %s',
+      ', '.join(f'{phase} {s:.1f}' for phase, s in seconds.items()),
+  )
+  writer.write_scalars(epoch, {f'seconds_{k}': v for k, v in seconds.items()})
   writer.flush()
 
 

@@ -7,6 +7,8 @@ example's (`train_step`, `eval_step`), run many to a dispatch in a jitted
 `lax.scan` over the split NNX state, as Flax's performance guide does it.
 """
 
+import collections
+import contextlib
 import functools
 import os
 import time
@@ -286,6 +288,16 @@ def _steps_per_epoch(config: ml_collections.ConfigDict, train_data) -> int:
   return steps
 
 
+@contextlib.contextmanager
+def _timed(seconds: collections.Counter, phase: str):
+  """Adds the seconds that the block takes to `seconds[phase]`."""
+  start = time.perf_counter()
+  try:
+    yield
+  finally:
+    seconds[phase] += time.perf_counter() - start
+
+
 def train_and_evaluate(
     config: ml_collections.ConfigDict, workdir: str, stop=lambda: False
 ) -> dict[str, float]:
@@ -306,7 +318,9 @@ def train_and_evaluate(
   config_validation.validate(config)
   run = checkpoints.Run(config, workdir)
   mesh = parallel.create_mesh()
-  train_data, test_data = input_pipeline.load(config)
+  seconds = collections.Counter()  # Where the run's time goes, by phase.
+  with _timed(seconds, 'data'):
+    train_data, test_data = input_pipeline.load(config)
   steps_per_epoch = _steps_per_epoch(config, train_data)
   batches = input_pipeline.eval_batches(test_data, config.eval_batch_size)
   test_batches = parallel.global_batches(mesh, parallel.process_share(batches))
@@ -345,14 +359,16 @@ def train_and_evaluate(
       if step < epoch * steps_per_epoch:
         run.save(step, *objects, summary)
         raise Stopped(run.stopped(step))
-      seconds = time.perf_counter() - start
+      train_seconds = time.perf_counter() - start
+      seconds['train'] += train_seconds
       summary = {f'train_{k}': v for k, v in compute_metrics(metrics).items()}
-      test, predicted = evaluate_and_predict(model, metrics, test_batches)
+      with _timed(seconds, 'evaluation'):
+        test, predicted = evaluate_and_predict(model, metrics, test_batches)
       summary.update({f'test_{k}': v for k, v in test.items()})
       logging.info('%s', format_epoch(epoch, summary))
       # Summaries before the checkpoint: a run killed between the two repeats
       # the epoch, and the writer leaves out what is already written.
-      images_per_sec = (step - first) * config.batch_size / seconds
+      images_per_sec = (step - first) * config.batch_size / train_seconds
       scalars = {**summary, 'train_images_per_sec': images_per_sec}
       last = epoch == config.num_epochs
       summaries.write_epoch(
@@ -365,9 +381,11 @@ def train_and_evaluate(
         raise Stopped(run.stopped(step))
 
   if jax.process_index() == 0:
-    nnx.update(model, parallel.local_copy(nnx.state(model)))
-    path = export.export_saved_model(
-        model, os.path.join(workdir, 'export', config.export_model_name)
-    )
+    with _timed(seconds, 'export'):
+      nnx.update(model, parallel.local_copy(nnx.state(model)))
+      path = export.export_saved_model(
+          model, os.path.join(workdir, 'export', config.export_model_name)
+      )
     logging.info('Exported the SavedModel to %s', path)
+  summaries.write_seconds(writer, config.num_epochs, seconds)
   return summary
