@@ -1,8 +1,11 @@
 """Tests of the input pipeline on the real MNIST files."""
 
+import glob
 import gzip
 import importlib.util
+import logging
 import os
+import shutil
 import sys
 
 from configs import default
@@ -81,6 +84,48 @@ def test_prepares_offline_from_the_manual_dir(mnist_data_dir):
   assert builder.is_prepared()
   assert input_pipeline.num_examples(builder, 'train') == 60_000
   assert input_pipeline.num_examples(builder, 'test') == 10_000
+
+
+def _tfds_copy(mnist_data_dir, tmp_path) -> str:
+  """A copy of the prepared TFDS directory, without cached arrays."""
+  copy = str(tmp_path / 'tfds')
+  shutil.copytree(mnist_data_dir, copy, ignore=shutil.ignore_patterns('arrays'))
+  return copy
+
+
+def test_tfds_arrays_are_cached_and_checked_against_tfds(
+    mnist_data_dir, tmp_path
+):
+  config = _config(data_dir=_tfds_copy(mnist_data_dir, tmp_path))
+  config.test_split = 'test[:300]'
+  train, test = input_pipeline.load(config)
+  cached = glob.glob(os.path.join(config.data_dir, 'mnist', '*', 'arrays', '*'))
+  assert len(cached) == 2 and all(p.endswith('.npz') for p in cached)
+  # Arrays of the wrong size (another version's, say) are decoded anew.
+  short = [p for p in cached if os.path.basename(p).startswith('test')][0]
+  np.savez(short, image=test['image'][:10], label=test['label'][:10])
+  _, again = input_pipeline.load(config)
+  np.testing.assert_array_equal(again['image'], test['image'])
+  # With TFDS' records gone, the cached arrays are all that is read.
+  for record in glob.glob(os.path.join(config.data_dir, '**', '*.tfrecord*')):
+    os.remove(record)
+  cached_train, cached_test = input_pipeline.load(config)
+  for got, want in ((cached_train, train), (cached_test, test)):
+    np.testing.assert_array_equal(got['image'], want['image'])
+    np.testing.assert_array_equal(got['label'], want['label'])
+
+
+def test_unwritable_array_cache_warns_and_loads(
+    mnist_data_dir, tmp_path, caplog
+):
+  config = _config(data_dir=_tfds_copy(mnist_data_dir, tmp_path))
+  config.train_split, config.test_split = 'train[:64]', 'test[:64]'
+  for version in glob.glob(os.path.join(config.data_dir, 'mnist', '*')):
+    open(os.path.join(version, 'arrays'), 'w').close()  # Not a directory.
+  with caplog.at_level(logging.WARNING):
+    train, test = input_pipeline.load(config)
+  assert len(train['label']) == len(test['label']) == 64
+  assert 'Not caching' in caplog.text
 
 
 def test_manual_dir_comes_from_the_environment(monkeypatch, tmp_path):
