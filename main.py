@@ -64,6 +64,17 @@ flags.DEFINE_string(
     'coordinator_address', None, "HOST:PORT of process 0's coordinator."
 )
 flags.DEFINE_integer('num_processes', None, 'Number of processes (hosts).')
+flags.DEFINE_string(
+    'compilation_cache_dir',
+    os.path.join(
+        os.environ.get('XDG_CACHE_HOME', os.path.expanduser('~/.cache')),
+        'flax_mnist',
+        'jax',
+    ),
+    "JAX's persistent compilation cache: later runs reuse the steps that a "
+    "run compiled. Delete the directory to clear it; '' turns it off. "
+    '$JAX_COMPILATION_CACHE_DIR, where set, takes precedence.',
+)
 flags.DEFINE_integer('process_id', None, "This process's index, from 0.")
 
 
@@ -174,6 +185,11 @@ def main(argv):
   # which JAX needs.
   tf.config.experimental.set_visible_devices([], 'GPU')
 
+  if FLAGS.compilation_cache_dir and not jax.config.jax_compilation_cache_dir:
+    jax.config.update(
+        'jax_compilation_cache_dir',
+        os.path.expanduser(FLAGS.compilation_cache_dir),
+    )
   if FLAGS.distributed:
     jax.distributed.initialize(
         coordinator_address=FLAGS.coordinator_address,

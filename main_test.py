@@ -695,3 +695,17 @@ def test_a_write_that_fails_mid_run(
   ]
   assert checkpoints.manager(workdir).all_steps() == [64]
   _assert_resumes_to(workdir, config, uninterrupted)
+
+
+def test_compiled_steps_are_kept_in_the_compilation_cache(
+    small_config, tmp_path, monkeypatch
+):
+  monkeypatch.delenv('JAX_COMPILATION_CACHE_DIR')  # The tests' own cache.
+  cache = tmp_path / 'cache'
+  result = _main(
+      f'--workdir={tmp_path / "workdir"}',
+      f'--compilation_cache_dir={cache}',
+      *_flags(small_config(train_split='train[:256]')),
+  )
+  assert result.returncode == 0, result.stderr
+  assert len(os.listdir(cache)) >= 2  # The training and evaluation steps.
