@@ -76,7 +76,8 @@ def test_tiny_run_prints_json_and_fails_on_low_accuracy(
   assert report['peak_rss_mb'] > 100
   phases = {'startup', 'compile'}
   if loop == 'ours':  # The reference loop does not time its phases.
-    phases |= {'data', 'train', 'evaluation', 'export'}
+    phases |= {'data', 'train', 'evaluation', 'summaries', 'checkpoint'}
+    phases |= {'export'}
   assert set(report['seconds']) == phases
   assert all(report['seconds'][p] > 0 for p in phases)
   # Compilation happens within training and evaluation; the rest adds up.

@@ -371,12 +371,14 @@ def train_and_evaluate(
       images_per_sec = (step - first) * config.batch_size / train_seconds
       scalars = {**summary, 'train_images_per_sec': images_per_sec}
       last = epoch == config.num_epochs
-      summaries.write_epoch(
-          writer, epoch, scalars, test_data, predicted, rate, step, last
-      )
+      with _timed(seconds, 'summaries'):
+        summaries.write_epoch(
+            writer, epoch, scalars, test_data, predicted, rate, step, last
+        )
       stopping = agreed_stop() and not last
       if stopping or last or epoch % config.checkpoint_every_epochs == 0:
-        run.save(step, *objects, summary)
+        with _timed(seconds, 'checkpoint'):
+          run.save(step, *objects, summary)
       if stopping:
         raise Stopped(run.stopped(step))
 
