@@ -52,7 +52,7 @@ def test_epoch_order_is_a_reproducible_permutation_per_epoch():
   assert not np.array_equal(order, input_pipeline.epoch_order(1, 1, 1000, 128))
 
 
-def test_splits_are_normalised_images_and_integer_labels(mnist_data_dir):
+def test_splits_are_uint8_images_and_integer_labels(mnist_data_dir):
   config = _config(
       data_dir=mnist_data_dir,
       train_split='train[:512]',

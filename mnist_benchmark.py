@@ -11,7 +11,8 @@ the baseline that speed-ups are measured against.
 Prints a report, then one JSON object as its last line: besides accuracy and
 speed, the seconds of each phase of the run (start-up: the imports before
 training starts; data; compilation; training; evaluation; summaries;
-checkpoints; export) and the peak RSS. Exits non-zero when the final test accuracy is outside [0.99, 1.0].
+checkpoints; export) and the peak RSS. Exits non-zero when the final test
+accuracy is outside [0.99, 1.0].
 """
 
 import time
