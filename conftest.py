@@ -18,6 +18,11 @@ os.environ.setdefault(
     os.path.join(tempfile.gettempdir(), 'mnist-tests-jax-cache'),
 )
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+# TensorFlow as the entry points run it, without its start-up lines. The
+# tests of those lines run their processes without these variables.
+import tensorflow_startup  # pylint: disable=g-import-not-at-top
+
+tensorflow_startup.quiet([])
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import cpu_levers

@@ -6,16 +6,24 @@ a failed write) end the run with one line, `error: ...`, and exit status 1;
 `--verbosity=1` shows the traceback too. SIGTERM or Ctrl-C (SIGINT) stops
 training at the next dispatch of steps, on every process, saves a checkpoint
 there and exits with 128 + the signal (143: a preempted job; 130); the same
-command resumes it. A second Ctrl-C exits at once, without a checkpoint.
+command resumes it. Before training begins, it ends the run at once, with
+nothing to save (see stop_signals.py). A second Ctrl-C exits at once.
 One run at a time per workdir: the second one started refuses with one line.
 """
 
+import sys
+
+import stop_signals
+import tensorflow_startup
+
+if __name__ == '__main__':  # Before the imports below, which take seconds.
+  tensorflow_startup.quiet(sys.argv)  # Before TensorFlow's first import.
+  stop_signals.install()  # A stop while they run is prompt too.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import asyncio
 import os
 import signal
-import socket
-import sys
-import threading
 
 from absl import app
 from absl import flags
@@ -138,45 +146,10 @@ def log_unraisable(unraisable) -> None:
   logging.debug('Ignored in %r: %r', unraisable.object, unraisable.exc_value)
 
 
-class StopSignals:
-  """SIGTERM and SIGINT ask the run to stop; the loop polls between dispatches.
-
-  A second Ctrl-C ends the process at once, without a checkpoint, even in
-  the middle of a long computation: the signals are read by a thread from
-  Python's wakeup file descriptor, which the C handler writes to at once,
-  whereas Python handlers wait for the main thread to be back in Python.
-  """
-
-  def __init__(self):
-    self.received = None
-    self._read, self._write = socket.socketpair()
-    self._write.setblocking(False)
-    signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-      signal.signal(signum, lambda signum, frame: None)
-    threading.Thread(target=self._watch, daemon=True).start()
-
-  def _watch(self):
-    while data := self._read.recv(64):
-      for signum in map(signal.Signals, data):
-        if self.received is None:
-          self.received = signum
-          logging.warning(
-              '%s: stopping at the next dispatch, with a checkpoint (Ctrl-C '
-              'again to exit at once, without one).',
-              signum.name,
-          )
-        elif signum == signal.SIGINT:
-          logging.warning('SIGINT again: exiting now, without a checkpoint.')
-          os._exit(128 + signal.SIGINT)
-
-  def asked(self) -> bool:
-    return self.received is not None
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError('Too many command-line arguments.')
+  signals = stop_signals.install()
 
   if FLAGS.verbosity < 1:
     logging.get_absl_handler().addFilter(QUIET_LIBRARIES)
@@ -201,6 +174,7 @@ def main(argv):
         num_processes=FLAGS.num_processes,
         process_id=FLAGS.process_id,
     )
+    signals.take_signals()  # Its preemption notifier took SIGTERM.
 
   logging.info('JAX process: %d / %d', jax.process_index(), jax.process_count())
   logging.info('JAX local devices: %r', jax.local_devices())
@@ -213,7 +187,6 @@ def main(argv):
       platform.ArtifactType.DIRECTORY, FLAGS.workdir, 'workdir'
   )
 
-  signals = StopSignals()
   try:
     config_validation.validate(FLAGS.config)  # Before anything is written.
     # Processes of one multi-host job share the workdir: process 0 holds it.

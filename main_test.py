@@ -27,8 +27,10 @@ import config_validation
 import main
 import numpy as np
 import pytest
+import stop_signals
 import summaries
 import tensorflow as tf
+import tensorflow_datasets as tfds
 import train
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -63,6 +65,7 @@ def run_main(monkeypatch):
   def run(*args: str) -> int | str:
     argv = ['main.py', *args]
     monkeypatch.setattr(sys, 'argv', argv)  # config_flags reads it.
+    stop_signals.install.cache_clear()  # A StopSignals of this run's own.
     try:
       main.main(main.parse_flags(argv))
       return 0
@@ -521,6 +524,46 @@ def test_a_second_ctrl_c_exits_at_once(resume_config, tmp_path):
   assert 'stopped (step' not in stderr
   # What was written before is kept: the checkpoint of epoch 1.
   assert checkpoints.manager(workdir).all_steps() == [64]
+
+
+def test_a_stop_during_data_preparation_is_prompt(mnist_files, tmp_path):
+  """SIGTERM while TFDS prepares MNIST: exit 143 at once, nothing prepared."""
+  workdir, data_dir = tmp_path / 'workdir', tmp_path / 'tfds'
+  process = subprocess.Popen(
+      _command(
+          f'--workdir={workdir}',
+          '--config=configs/default.py',
+          f'--config.data_dir={data_dir}',
+          f'--config.manual_dir={mnist_files}',
+      ),
+      stderr=subprocess.PIPE,
+      text=True,
+      cwd=ROOT,
+  )
+  lines = _read_until(process, lambda line: 'Generating dataset mnist' in line)
+  time.sleep(0.5)
+  process.send_signal(signal.SIGTERM)
+  sent = time.monotonic()
+  lines.extend(process.stderr)
+  assert process.wait(timeout=60) == 128 + signal.SIGTERM
+  assert time.monotonic() - sent < stop_signals.GRACE_SECS + 1
+  stderr = ''.join(lines)
+  assert 'Traceback' not in stderr
+  assert (
+      len(
+          re.findall(
+              'SIGTERM while preparing the data set: stopped, with nothing to '
+              'save yet; rerun the same command to continue$',
+              stderr,
+              re.M,
+          )
+      )
+      == 1
+  )
+  # Nothing that a later run would take for MNIST prepared, and no lock.
+  assert not tfds.builder('mnist', data_dir=str(data_dir)).is_prepared()
+  assert not glob.glob(str(data_dir / 'mnist' / '*'))
+  assert os.listdir(workdir) == []
 
 
 # One run per workdir.

@@ -20,11 +20,17 @@ import time
 _START = time.perf_counter()  # Before the imports, which start-up counts.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import sys
+
+import tensorflow_startup
+
+if __name__ == '__main__':  # Before the modules below import TensorFlow.
+  tensorflow_startup.quiet(sys.argv)
+
 import collections
 import json
 import resource
 import statistics
-import sys
 
 from absl import app
 from absl import flags

@@ -8,6 +8,13 @@ are over the whole test split, as logged.
 
 import sys
 
+import tensorflow_startup
+
+if __name__ == '__main__':  # Before the modules below import TensorFlow.
+  tensorflow_startup.quiet(sys.argv)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+
 from absl import app
 from absl import flags
 from matplotlib import figure

@@ -19,10 +19,19 @@ stderr naming it and the cause; the others are still classified, and the exit
 status is 1.
 """
 
+import sys
+
+import tensorflow_startup
+
+if __name__ == '__main__':  # Before TensorFlow's first import.
+  # Level 2: TensorFlow's C++ warnings too, such as an op's failure, which
+  # the one-line error that predict.py prints names already.
+  tensorflow_startup.quiet(sys.argv, min_log_level=2)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import base64
 import json
 import os
-import sys
 import urllib.error
 import urllib.request
 
@@ -426,10 +435,6 @@ def make_classifier():
 
 
 def main(argv):
-  if FLAGS.verbosity < 1:
-    # TensorFlow's C++ INFO and WARNING lines (CPU features, XLA, an op's
-    # failure that the one-line error below names already).
-    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   if len(argv) < 2:
     raise app.UsageError('Name at least one image (.png, ...) or .npy file.')
   if FLAGS.bytes and FLAGS.invert:

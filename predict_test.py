@@ -617,8 +617,12 @@ def _predict(
       prelude + 'import runpy; sys.argv = sys.argv[1:]; '
       'runpy.run_path(sys.argv[0], run_name="__main__")'
   )
-  # As from a user's shell: JAX and TensorFlow, imported here, set it.
-  env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
+  # As from a user's shell: JAX, imported here, sets TF_CPP_MIN_LOG_LEVEL.
+  env = {
+      k: v
+      for k, v in os.environ.items()
+      if k not in ('TF_CPP_MIN_LOG_LEVEL', 'TF_ENABLE_ONEDNN_OPTS')
+  }
   return subprocess.run(
       [sys.executable, '-c', script, os.path.join(ROOT, 'predict.py'), *args],
       capture_output=True,

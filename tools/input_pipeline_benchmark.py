@@ -11,6 +11,14 @@ files of PNG images (as `ylecun/mnist` ships them), and torchvision's
 this process, and prints the median and every run, in seconds.
 """
 
+import sys
+
+import tensorflow_startup
+
+if __name__ == '__main__':  # Before the modules below import TensorFlow.
+  tensorflow_startup.quiet(sys.argv)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import gzip
 import os
 import shutil

@@ -11,11 +11,18 @@ TF Serving's warm-up file makes) and the throughput of batches of --batch.
 One JSON object per signature, then one about the machine.
 """
 
+import sys
+
+import tensorflow_startup
+
+if __name__ == '__main__':  # Before the modules below import TensorFlow.
+  tensorflow_startup.quiet(sys.argv)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import io
 import json
 import os
 import platform
-import sys
 import time
 
 from absl import app

@@ -10,12 +10,19 @@ with its ratio to the Flax example's loop. Batches are 128 random images
 up before it is timed. Prints a table, then one JSON object as its last line.
 """
 
+import sys
+
+import tensorflow_startup
+
+if __name__ == '__main__':  # Before the modules below import TensorFlow.
+  tensorflow_startup.quiet(sys.argv)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import contextlib
 import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 
 from absl import app
