@@ -45,6 +45,7 @@ RESUMABLE_CHANGES = frozenset(
         'eval_batch_size',
         'data_dir',
         'manual_dir',
+        'download_url',
         'progress_every_secs',
         'steps_per_call',
         'export_model_name',

@@ -60,6 +60,10 @@ def _allowed(config: ml_collections.ConfigDict) -> dict[str, tuple]:
       'dataset': _one_of(input_pipeline.DATASETS),
       'data_dir': _ANY,
       'manual_dir': _ANY,
+      'download_url': (
+          lambda v: not v or re.match(r'(https?|file)://', v),
+          "'' or an http://, https:// or file:// URL",
+      ),
       'train_split': split,
       'test_split': split,
       'eval_batch_size': _positive_multiple(devices),

@@ -1,9 +1,11 @@
 """Shared test fixtures: MNIST prepared by TFDS from the original files.
 
 The tests read the four original MNIST files from $MNIST_MANUAL_DIR, else
-from ../shared/data/mnist beside the checkout. Where there are none, each
-test that needs them fails with one line naming the directory; the others
-run.
+from ../shared/data/mnist beside the checkout. Where there are none, they
+are downloaded once, as `make train` downloads them, into TFDS' download
+directory (~/tensorflow_datasets/downloads/mnist, or under $TFDS_DATA_DIR);
+where that fails too, each test that needs them fails with one line saying
+why; the others run.
 """
 
 import os
@@ -32,6 +34,7 @@ import input_pipeline
 import numpy as np
 import parallel
 import pytest
+import tensorflow_datasets as tfds
 import train
 from configs import default
 
@@ -42,23 +45,36 @@ SHARED_MNIST = os.path.join(
 
 
 @pytest.fixture(scope='session')
-def mnist_files() -> str:
-  """The directory of the original MNIST files."""
-  directory = os.environ.get(input_pipeline.MANUAL_DIR_ENV) or SHARED_MNIST
+def mnist_files(tmp_path_factory) -> str:
+  """The directory of the original MNIST files, downloaded if need be.
+
+  The parallel workers of pytest-xdist download them once: the lock, in the
+  folder above the session's, makes the others wait for the first.
+  """
+  named = os.environ.get(input_pipeline.MANUAL_DIR_ENV)
+  directory = named or SHARED_MNIST
   missing = [
       name + '.gz'
       for names in input_pipeline.IDX_FILES.values()
       for name in names
       if not os.path.isfile(os.path.join(directory, name + '.gz'))
   ]
-  if missing:
+  if not missing:
+    return directory
+  if named:  # CI names its copy: it never downloads.
     pytest.fail(
-        f'no MNIST files in {directory} (missing {", ".join(missing)}): put '
-        f'the originals there or name their directory in '
-        f'${input_pipeline.MANUAL_DIR_ENV}',
+        f'no MNIST files in ${input_pipeline.MANUAL_DIR_ENV}={named} (missing '
+        f'{", ".join(missing)})',
         pytrace=False,
     )
-  return directory
+  shared = tmp_path_factory.getbasetemp().parent
+  try:
+    with filelock.FileLock(str(shared / 'mnist-download.lock')):
+      return input_pipeline.download_files(
+          tfds.builder('mnist'), default.get_config()
+      )
+  except input_pipeline.DataError as e:
+    pytest.fail(f'no MNIST files in {directory}, and {e}', pytrace=False)
 
 
 @pytest.fixture(scope='session')

@@ -29,6 +29,7 @@ import tempfile
 import zlib
 
 from absl import logging
+import download
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -129,12 +130,13 @@ def _prepare(builder, config: ml_collections.ConfigDict) -> None:
 
   A manual directory that the user named, or that exists, must hold every
   file: a missing one is reported instead of starting a download that hangs
-  without network.
+  without network. Otherwise the original files are downloaded into
+  `<data_dir>/downloads/<dataset>` (see download.py), then prepared from
+  there.
   """
   directory, named = manual_dir(config, builder)
   if not named and not os.path.isdir(directory):
-    builder.download_and_prepare()
-    return
+    directory = download_files(builder, config)
   expected = sorted(info.filename for info in builder.url_infos.values())
   missing = [
       f for f in expected if not os.path.isfile(os.path.join(directory, f))
@@ -145,8 +147,11 @@ def _prepare(builder, config: ml_collections.ConfigDict) -> None:
         f'{", ".join(expected)}; set config.manual_dir or ${MANUAL_DIR_ENV})'
     )
   try:
+    # From the files alone: no look for a prepared copy on GCS either.
     builder.download_and_prepare(
-        download_config=tfds.download.DownloadConfig(manual_dir=directory)
+        download_config=tfds.download.DownloadConfig(
+            manual_dir=directory, try_download_gcs=False
+        )
     )
   except download_manager.NonMatchingChecksumError as e:
     bad = [f for f in expected if f in str(e)] or ['a file']
@@ -156,6 +161,32 @@ def _prepare(builder, config: ml_collections.ConfigDict) -> None:
         'recompressed; replace it with the original, or read the files with '
         "data_source='idx', which checks their contents instead"
     ) from None
+
+
+def download_files(builder, config: ml_collections.ConfigDict) -> str:
+  """Downloads the data set's original files; returns their directory.
+
+  Into TFDS' download directory, or a local temporary one where TFDS' data
+  directory is a bucket (gs://...).
+  """
+  root = str(builder.data_dir_root)
+  if '://' in root:
+    root = os.path.join(tempfile.gettempdir(), 'tensorflow_datasets')
+  directory = os.path.join(root, 'downloads', config.dataset)
+  try:
+    download.fetch(builder.url_infos, directory, config.download_url)
+  except download.DownloadError as e:
+    names = sorted(info.filename for info in builder.url_infos.values())
+    where = os.path.dirname(min(builder.url_infos))
+    named_by = 'config.manual_dir' + (
+        f' or ${MANUAL_DIR_ENV}' if config.dataset == 'mnist' else ''
+    )
+    raise DataError(
+        f'{e}; offline, put the four original files ({", ".join(names)}; '
+        f'published at {where}/) in a directory and name it in {named_by} '
+        "for TFDS to prepare, or read them from there with data_source='idx'"
+    ) from None
+  return directory
 
 
 def num_examples(builder, split: str) -> int:

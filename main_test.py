@@ -303,6 +303,56 @@ def test_missing_data_is_one_line_error(run_main, workdir, tmp_path):
   _assert_kept(before, directory)
 
 
+def test_offline_without_data_is_one_line_at_once(tmp_path):
+  """No files and no server: one line, in seconds, not minutes of retries.
+
+  In a real process, as a user's: no manual directory in the environment,
+  and a download address where nothing listens, as offline.
+  """
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+  env = {
+      k: v
+      for k, v in os.environ.items()
+      if k
+      not in (
+          'MNIST_MANUAL_DIR',
+          'TF_CPP_MIN_LOG_LEVEL',
+          'TF_ENABLE_ONEDNN_OPTS',
+      )
+  }
+  start = time.monotonic()
+  result = subprocess.run(
+      _command(
+          f'--workdir={tmp_path / "workdir"}',
+          '--config=configs/default.py',
+          f'--config.data_dir={tmp_path / "tfds"}',
+          f'--config.download_url=http://127.0.0.1:{port}/',
+      ),
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      env=env,
+      timeout=300,
+  )
+  _assert_one_line_error(
+      result,
+      re.escape(
+          f'error: cannot download http://127.0.0.1:{port}/t10k-images-idx3-'
+          'ubyte.gz ([Errno 111] Connection refused); offline, put the four '
+          'original files ('
+      )
+      + '.*',
+  )
+  # Start-up (imports) takes most of it.
+  assert time.monotonic() - start < 60
+  # Nor TensorFlow's start-up lines, on CPUs where it turns oneDNN on.
+  assert 'oneDNN' not in result.stderr
+  assert 'absl::InitializeLog' not in result.stderr
+  assert not os.listdir(tmp_path / 'tfds' / 'downloads' / 'mnist')
+
+
 @pytest.mark.parametrize('damage', ['truncated', 'one byte changed'])
 def test_corrupt_data_file(
     run_main, workdir, copy_of_mnist_files, tmp_path, damage

@@ -36,6 +36,10 @@ def get_config() -> ml_collections.ConfigDict:
   # fashion_mnist from /usr/share/datasets/fashion-mnist (Debian's package
   # dataset-fashion-mnist).
   config.manual_dir = ''
+  # Where tfds downloads the original files from when it prepares the data set
+  # and has none: '' is the addresses TFDS registers, else the URL of a
+  # directory (a mirror) that holds the same four file names.
+  config.download_url = ''
   # Splits. tfds: any TFDS split ('train[:10%]', 'train[:50%]+test'); the
   # other sources: 'train' or 'test', optionally with one slice in TFDS'
   # syntax: 'train[:10%]', 'train[:1024]', 'test[-500:]'.
