@@ -74,7 +74,8 @@ def mnist_files(tmp_path_factory) -> str:
           tfds.builder('mnist'), default.get_config()
       )
   except input_pipeline.DataError as e:
-    pytest.fail(f'no MNIST files in {directory}, and {e}', pytrace=False)
+    error = e  # Failed outside the handler: no chained traceback.
+  pytest.fail(f'no MNIST files in {directory}, and {error}', pytrace=False)
 
 
 @pytest.fixture(scope='session')
