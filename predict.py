@@ -16,7 +16,10 @@ digits are white (255) on black (0); scans of dark ink on white paper need
 One line per image: the input, the predicted digit and its probability (JSON
 lines with `--json`). An input that cannot be classified gets one line on
 stderr naming it and the cause; the others are still classified, and the exit
-status is 1.
+status is 1. Where TF Serving cannot run the export, the line says why: a
+server started without XLA (TF Serving's default; the export's XlaCallModule
+ops need it) names the flag that turns it on, a server built on a TensorFlow
+older than 2.20 (which cannot read the export's StableHLO) says so.
 """
 
 import sys
@@ -32,6 +35,7 @@ if __name__ == '__main__':  # Before TensorFlow's first import.
 import base64
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 
@@ -83,14 +87,41 @@ def _one_line(text: str) -> str:
   return ' '.join(str(text).split())
 
 
+# What TensorFlow says when it cannot run the export's XlaCallModule ops, and
+# what to do about it. TF Serving turns XLA off unless told otherwise; TF 2.19
+# runs XlaCallModule up to version 9 and cannot read the StableHLO of JAX 0.10
+# at any, so the export needs TF 2.20.
+CAUSES = (
+    (
+        re.compile(r'XLA compilation disabled'),
+        'TF Serving runs without XLA unless started with '
+        '--xla_cpu_compilation_enabled=true '
+        '(--xla_gpu_compilation_enabled=true on its GPU image)',
+    ),
+    (
+        re.compile(
+            r'XlaCallModuleOp with version \d+ is not supported'
+            r'|Cannot deserialize computation'
+        ),
+        'the export needs TensorFlow 2.20 or later (a TF Serving built on '
+        'it: tensorflow/serving:2.20.0 or later)',
+    ),
+)
+
+
 def _tensorflow_error(message: str) -> str:
   """The cause in a TensorFlow error message, without its graph locations.
 
   Its last line that is not indented: TensorFlow puts the node (`[[...]]`)
-  and the stack of the op's definition around it.
+  and the stack of the op's definition around it. A cause in CAUSES gets
+  what to do about it.
   """
   lines = [l for l in str(message).splitlines() if l and not l[0].isspace()]
-  return _one_line(lines[-1] if lines else message)
+  cause = _one_line(lines[-1] if lines else message)
+  for pattern, remedy in CAUSES:
+    if pattern.search(str(message)):
+      return f'{cause}: {remedy}'
+  return cause
 
 
 # Inputs.
@@ -219,9 +250,21 @@ class SavedModelClassifier:
     (self._input_name,) = self._function.structured_input_signature[1]
 
   def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
+    errors = self._tf.errors
     try:
       outputs = self._function(**{self._input_name: self._tf.constant(images)})
-    except (self._tf.errors.InvalidArgumentError, TypeError, ValueError) as e:
+    except errors.OpError as e:
+      if any(pattern.search(str(e)) for pattern, _ in CAUSES):
+        raise InputError(
+            f'TensorFlow {self._tf.__version__} cannot run the model: '
+            f'{_tensorflow_error(e)}'
+        ) from None
+      if not isinstance(e, errors.InvalidArgumentError):
+        raise
+      raise InputError(
+          f'the model refused it: {_tensorflow_error(e)}'
+      ) from None
+    except (TypeError, ValueError) as e:
       raise InputError(
           f'the model refused it: {_tensorflow_error(e)}'
       ) from None

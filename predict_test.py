@@ -1,9 +1,12 @@
 """Tests of predict.py: inputs, the three ways to the model, and bad inputs.
 
-TF Serving itself cannot be installed here. Its REST and gRPC front ends are
-stood in for by the loopback servers below, which answer as TF Serving
-documents by running the exported SavedModel; the clients are tested for
-building exactly the requests TF Serving documents.
+TF Serving itself cannot be installed here. It is stood in for by
+tools/serving_standin.py, a program of its own that takes the server's flags
+and runs the exported SavedModel in TensorFlow as the server does (XLA off
+unless a flag turns it on, warm-up replayed at load). The tests start it with
+the flags that README.md gives the real server, read from README.md, on free
+loopback ports, and stop it at the end. Recording proxies in front of it
+check that the clients send exactly the requests TF Serving documents.
 """
 
 import base64
@@ -17,6 +20,9 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+import urllib.error
+import urllib.request
 
 import grpc
 import input_pipeline
@@ -25,17 +31,22 @@ from PIL import Image
 import predict
 import pytest
 import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 from tools import mnist_pngs
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-# A bound on the loopback servers' lives, should a test run never tear down.
-SERVER_LIFETIME_SECS = 600
+# The image whose run README.md documents (CPU), and the one message of TF
+# Serving's XLA gate.
+SERVING_IMAGE = 'tensorflow/serving:2.20.0'
+XLA_DISABLED = (
+    'XLA compilation disabled: TF Serving runs without XLA unless started '
+    'with --xla_cpu_compilation_enabled=true '
+    '(--xla_gpu_compilation_enabled=true on its GPU image)'
+)
 
 
 def _run_signature(signatures, name: str, inputs: dict) -> dict:
-  """Runs signature `name` on `inputs` as TF Serving does, or raises KeyError."""
+  """Runs signature `name` on `inputs` in this process's TensorFlow."""
   function = signatures[name or 'serving_default']
   specs = function.structured_input_signature[1]
   outputs = function(
@@ -44,75 +55,149 @@ def _run_signature(signatures, name: str, inputs: dict) -> dict:
   return {k: v.numpy() for k, v in outputs.items()}
 
 
-def _server_error(error: Exception) -> str:
-  """The message TF Serving sends for a failed run: the cause and its node.
+# TF Serving, stood in for by tools/serving_standin.py.
 
-  TensorFlow's eager Python adds a header and the op's stack in front; the
-  server's status message starts at the cause.
+
+def readme_server_flags(model_base_path: str, xla: bool = True) -> list[str]:
+  """The flags README.md gives TF Serving's CPU image, for `model_base_path`.
+
+  The image runs `tensorflow_model_server --port=8500 --rest_api_port=8501`
+  with the flags after its name; the export that README.md mounts at
+  --model_base_path is `model_base_path` here. Without `xla`, as README.md
+  gave them before it knew of TF Serving's XLA flag.
   """
-  lines = str(error).splitlines()
-  causes = [i for i, l in enumerate(lines) if l and not l[0].isspace()]
-  return '\n'.join(lines[causes[-1] :]) if causes else str(error)
+  with open(os.path.join(ROOT, 'README.md')) as f:
+    (command,) = re.findall(
+        re.escape(SERVING_IMAGE) + r' \\\n(.*?)\n```', f.read(), re.S
+    )
+  server_flags = []
+  for flag in command.replace('\\\n', ' ').split():
+    name, _, value = flag.partition('=')
+    if name == '--model_base_path':
+      flag = f'{name}={model_base_path}'
+    if xla or name != '--xla_cpu_compilation_enabled':
+      server_flags.append(flag)
+  return server_flags
 
 
-def _rest_value(value):
-  """A REST value as TF Serving reads it: {"b64": ...} is a binary string."""
-  if isinstance(value, dict) and list(value) == ['b64']:
-    return base64.b64decode(value['b64'])
-  return value
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
 
 
-# A stand-in for TF Serving's REST API (port 8501 of the docker image).
+class StandIn:
+  """tools/serving_standin.py in a process of its own, on free ports.
+
+  `grpc` and `rest` are its HOST:PORT addresses.
+  """
+
+  def __init__(self, server_flags: list[str], log: str):
+    self.grpc = f'127.0.0.1:{_free_port()}'
+    self.rest = f'127.0.0.1:{_free_port()}'
+    self.log = log
+    with open(log, 'wb') as out:
+      self.process = subprocess.Popen(
+          [
+              sys.executable,
+              '-m',
+              'tools.serving_standin',
+              f'--port={self.grpc.split(":")[1]}',
+              f'--rest_api_port={self.rest.split(":")[1]}',
+              *server_flags,
+          ],
+          cwd=ROOT,
+          stdout=out,
+          stderr=subprocess.STDOUT,
+      )
+
+  def output(self) -> str:
+    with open(self.log, errors='replace') as f:
+      return f.read()
+
+  def wait_until_served(self, timeout: float = 300) -> None:
+    """Returns once the model's status answers; fails if it never does."""
+    url = f'http://{self.rest}/v1/models/mnist'
+    deadline = time.monotonic() + timeout
+    while self.process.poll() is None and time.monotonic() < deadline:
+      try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+          status = json.loads(answer.read())['model_version_status']
+          assert [s['state'] for s in status] == ['AVAILABLE']
+          return
+      except (urllib.error.URLError, OSError):
+        time.sleep(0.2)
+    pytest.fail(
+        f'the stand-in served nothing: {self.output()[-3000:]}', pytrace=False
+    )
+
+  def stop(self) -> None:
+    self.process.terminate()
+    try:
+      self.process.wait(30)
+    except subprocess.TimeoutExpired:
+      self.process.kill()
+      self.process.wait()
 
 
-class _RestHandler(http.server.BaseHTTPRequestHandler):
-  """POST /v1/models/mnist[/versions/N]:predict, row format, as TF Serving."""
+@pytest.fixture(scope='module')
+def signatures(trained_export):
+  loaded = tf.saved_model.load(trained_export)
+  return loaded, loaded.signatures
 
-  signatures = None  # Set on the subclass that a server uses.
+
+@pytest.fixture(scope='module')
+def model_base_path(trained_export) -> str:
+  """The model directory, what README.md mounts at /models/mnist."""
+  return os.path.dirname(trained_export)
+
+
+@pytest.fixture(scope='module')
+def standin(model_base_path, tmp_path_factory):
+  """The stand-in, started as README.md starts TF Serving."""
+  server = StandIn(
+      readme_server_flags(model_base_path),
+      str(tmp_path_factory.mktemp('standin') / 'log'),
+  )
+  try:
+    server.wait_until_served()
+    yield server
+  finally:
+    server.stop()
+
+
+@pytest.fixture(scope='module')
+def rest_server(standin) -> str:
+  """The stand-in's REST API, HOST:PORT."""
+  return standin.rest
+
+
+@pytest.fixture(scope='module')
+def grpc_server(standin) -> str:
+  """The stand-in's gRPC API, HOST:PORT."""
+  return standin.grpc
+
+
+class _RecordingProxy(http.server.BaseHTTPRequestHandler):
+  """Records each POST, forwards it to `target` and relays the answer."""
+
+  target = None  # Set on the subclass that a server uses.
   requests = None
 
   def do_POST(self):  # pylint: disable=invalid-name
     body = self.rfile.read(int(self.headers['Content-Length']))
     self.requests.append((self.command, self.path, dict(self.headers), body))
-    match = re.fullmatch(
-        r'/v1/models/([^/:]+)(/versions/\d+)?:predict', self.path
+    request = urllib.request.Request(
+        f'http://{self.target}{self.path}',
+        data=body,
+        headers={'Content-Type': self.headers['Content-Type']},
+        method='POST',
     )
-    if not match or match.group(1) != 'mnist':
-      name = match.group(1) if match else self.path
-      return self._answer(
-          404, {'error': f'Servable not found for request: Latest({name})'}
-      )
     try:
-      request = json.loads(body)
-      signature = request.get('signature_name', 'serving_default')
-      if signature not in self.signatures:
-        return self._answer(
-            400,
-            {
-                'error': f'Serving signature name: "{signature}" not found in signature def'
-            },
-        )
-      instances = [_rest_value(row) for row in request['instances']]
-      if isinstance(instances[0], dict):
-        inputs = {
-            k: [_rest_value(row[k]) for row in instances] for k in instances[0]
-        }
-      else:  # The signature's only input.
-        function = self.signatures[signature]
-        (name,) = function.structured_input_signature[1]
-        inputs = {name: instances}
-      outputs = _run_signature(self.signatures, signature, inputs)
-    except Exception as e:  # pylint: disable=broad-except
-      return self._answer(400, {'error': _server_error(e)})
-    names = sorted(outputs)
-    predictions = [
-        {k: outputs[k][i].tolist() for k in names}
-        for i in range(len(outputs[names[0]]))
-    ]
-    self._answer(200, {'predictions': predictions})
-
-  def _answer(self, status: int, body: dict) -> None:
-    data = json.dumps(body).encode()
+      with urllib.request.urlopen(request, timeout=60) as answer:
+        status, data = answer.status, answer.read()
+    except urllib.error.HTTPError as e:
+      status, data = e.code, e.read()
     self.send_response(status)
     self.send_header('Content-Type', 'application/json')
     self.send_header('Content-Length', str(len(data)))
@@ -123,99 +208,54 @@ class _RestHandler(http.server.BaseHTTPRequestHandler):
     del args  # Quiet.
 
 
-# A stand-in for TF Serving's gRPC PredictionService (port 8500).
-
-
-class _PredictionServicer(
-    prediction_service_pb2_grpc.PredictionServiceServicer
-):
-  """Predict, as TF Serving answers it: named TensorProtos in and out."""
-
-  def __init__(self, signatures):
-    self.signatures = signatures
-    self.requests = []
-
-  def Predict(self, request, context):  # pylint: disable=invalid-name
-    self.requests.append(request)
-    if request.model_spec.name != 'mnist':
-      context.abort(
-          grpc.StatusCode.NOT_FOUND,
-          f'Servable not found for request: Latest({request.model_spec.name})',
-      )
-    signature = request.model_spec.signature_name or 'serving_default'
-    if signature not in self.signatures:
-      context.abort(
-          grpc.StatusCode.INVALID_ARGUMENT,
-          f'Serving signature name: "{signature}" not found in signature def',
-      )
-    try:
-      inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
-      outputs = _run_signature(self.signatures, signature, inputs)
-    except Exception as e:  # pylint: disable=broad-except
-      context.abort(grpc.StatusCode.INVALID_ARGUMENT, _server_error(e))
-    response = predict_pb2.PredictResponse()
-    response.model_spec.CopyFrom(request.model_spec)
-    response.model_spec.signature_name = signature
-    response.model_spec.version.value = 1
-    for k, v in outputs.items():
-      response.outputs[k].CopyFrom(tf.make_tensor_proto(v))
-    return response
-
-
 @pytest.fixture(scope='module')
-def signatures(trained_export):
-  loaded = tf.saved_model.load(trained_export)
-  return loaded, loaded.signatures
-
-
-@pytest.fixture(scope='module')
-def rest_server(signatures):
-  """The loopback REST server: its HOST:PORT and the requests it received."""
+def rest_recorder(rest_server):
+  """A proxy in front of the REST stand-in: its HOST:PORT, the requests."""
   handler = type(
-      'Handler',
-      (_RestHandler,),
-      {
-          'signatures': signatures[1],
-          'requests': [],
-      },
+      'Handler', (_RecordingProxy,), {'target': rest_server, 'requests': []}
   )
   server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
   server.daemon_threads = True
   threading.Thread(target=server.serve_forever, daemon=True).start()
-  backstop = threading.Timer(SERVER_LIFETIME_SECS, server.shutdown)
-  backstop.daemon = True
-  backstop.start()
   yield f'127.0.0.1:{server.server_address[1]}', handler.requests
-  backstop.cancel()
   server.shutdown()
   server.server_close()
 
 
+class _RecordingServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
+  """Records each Predict request and forwards it to `target`."""
+
+  def __init__(self, target: str):
+    self.requests = []
+    self._channel = grpc.insecure_channel(target)
+    self._stub = prediction_service_pb2_grpc.PredictionServiceStub(
+        self._channel
+    )
+
+  def Predict(self, request, context):  # pylint: disable=invalid-name
+    self.requests.append(request)
+    return self._stub.Predict(request, timeout=60)
+
+
 @pytest.fixture(scope='module')
-def grpc_server(signatures):
-  """The loopback gRPC server: its HOST:PORT and its servicer."""
-  servicer = _PredictionServicer(signatures[1])
+def grpc_recorder(grpc_server):
+  """A proxy in front of the gRPC stand-in: its HOST:PORT, the requests."""
+  servicer = _RecordingServicer(grpc_server)
   server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
   prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
       servicer, server
   )
   port = server.add_insecure_port('127.0.0.1:0')
   server.start()
-  backstop = threading.Timer(SERVER_LIFETIME_SECS, server.stop, args=(0,))
-  backstop.daemon = True
-  backstop.start()
-  yield f'127.0.0.1:{port}', servicer
-  backstop.cancel()
+  yield f'127.0.0.1:{port}', servicer.requests
   server.stop(0).wait()
+  servicer._channel.close()  # pylint: disable=protected-access
 
 
 @pytest.fixture(scope='module')
 def closed_port() -> str:
   """A loopback HOST:PORT that nothing listens on."""
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    port = s.getsockname()[1]
-  return f'127.0.0.1:{port}'
+  return f'127.0.0.1:{_free_port()}'
 
 
 @pytest.fixture(scope='module')
@@ -356,8 +396,8 @@ def test_saved_model_classifier_predicts_the_jax_logits(
   )
 
 
-def test_rest_request_is_what_tf_serving_documents(rest_server, pngs):
-  address, requests = rest_server
+def test_rest_request_is_what_tf_serving_documents(rest_recorder, pngs):
+  address, requests = rest_recorder
   del requests[:]
   predict.RestClassifier(address, 'mnist', 'mnist_server', 10.0)(
       predict.load_input(pngs[0])
@@ -374,12 +414,12 @@ def test_rest_request_is_what_tf_serving_documents(rest_server, pngs):
   assert row['image'] == predict.load_input(pngs[0])[0].tolist()
 
 
-def test_grpc_request_is_what_tf_serving_documents(grpc_server, pngs):
-  address, servicer = grpc_server
-  del servicer.requests[:]
+def test_grpc_request_is_what_tf_serving_documents(grpc_recorder, pngs):
+  address, requests = grpc_recorder
+  del requests[:]
   images = np.concatenate([predict.load_input(p) for p in pngs[:3]])
   predict.GrpcClassifier(address, 'mnist', 'mnist_server', 10.0)(images)
-  (request,) = servicer.requests
+  (request,) = requests
   assert request.model_spec.name == 'mnist'
   assert request.model_spec.signature_name == 'mnist_server'
   assert list(request.inputs) == ['image']
@@ -404,10 +444,10 @@ def test_each_way_predicts_what_the_jax_model_does(
           trained_export, 'serving_default'
       ),
       'rest': lambda: predict.RestClassifier(
-          rest_server[0], 'mnist', 'serving_default', 10.0
+          rest_server, 'mnist', 'serving_default', 10.0
       ),
       'grpc': lambda: predict.GrpcClassifier(
-          grpc_server[0], 'mnist', 'serving_default', 10.0
+          grpc_server, 'mnist', 'serving_default', 10.0
       ),
   }[way]()
   paths = pngs + [bad_inputs['good_npy']]
@@ -431,10 +471,10 @@ def _classifiers(way, trained_export, rest_server, grpc_server, signature):
           trained_export, signature
       ),
       'rest': lambda: predict.RestClassifier(
-          rest_server[0], 'mnist', signature, 10.0
+          rest_server, 'mnist', signature, 10.0
       ),
       'grpc': lambda: predict.GrpcClassifier(
-          grpc_server[0], 'mnist', signature, 10.0
+          grpc_server, 'mnist', signature, 10.0
       ),
   }[way]()
 
@@ -459,8 +499,10 @@ def test_bytes_signature_prepares_images_as_predict_does(
   )
 
 
-def test_rest_request_of_bytes_is_what_tf_serving_documents(rest_server, pngs):
-  address, requests = rest_server
+def test_rest_request_of_bytes_is_what_tf_serving_documents(
+    rest_recorder, pngs
+):
+  address, requests = rest_recorder
   del requests[:]
   predict.RestClassifier(address, 'mnist', 'serving_bytes', 10.0)(
       predict.load_input(pngs[0], as_bytes=True)
@@ -488,7 +530,7 @@ def test_bytes_that_are_not_an_image(
   classifier = _classifiers(
       way, trained_export, rest_server, grpc_server, 'serving_bytes'
   )
-  address = {'rest': rest_server, 'grpc': grpc_server}.get(way, ('',))[0]
+  address = {'rest': rest_server, 'grpc': grpc_server}.get(way, '')
   paths = [bad_inputs['not_image'], pngs[0], bad_inputs['good_npy']]
   failures, out, err = _classify(paths, classifier, as_bytes=True)
   assert failures == 2
@@ -525,7 +567,7 @@ def _check_bad_inputs(classifier, pngs, bad_inputs):
 
 def test_bad_files_rest(rest_server, pngs, bad_inputs):
   _check_bad_inputs(
-      predict.RestClassifier(rest_server[0], 'mnist', 'serving_default', 10.0),
+      predict.RestClassifier(rest_server, 'mnist', 'serving_default', 10.0),
       pngs,
       bad_inputs,
   )
@@ -533,7 +575,7 @@ def test_bad_files_rest(rest_server, pngs, bad_inputs):
 
 def test_bad_files_grpc(grpc_server, pngs, bad_inputs):
   _check_bad_inputs(
-      predict.GrpcClassifier(grpc_server[0], 'mnist', 'serving_default', 10.0),
+      predict.GrpcClassifier(grpc_server, 'mnist', 'serving_default', 10.0),
       pngs,
       bad_inputs,
   )
@@ -590,12 +632,12 @@ def test_a_server_that_answers_with_an_error(
   rest_status, grpc_status = status[model_name]
   for classifier, answer in (
       (
-          predict.RestClassifier(rest_server[0], model_name, signature, 10.0),
-          f'server {rest_server[0]} answered {rest_status}: {cause}',
+          predict.RestClassifier(rest_server, model_name, signature, 10.0),
+          f'server {rest_server} answered {rest_status}: {cause}',
       ),
       (
-          predict.GrpcClassifier(grpc_server[0], model_name, signature, 10.0),
-          f'server {grpc_server[0]} answered {grpc_status}: {cause}',
+          predict.GrpcClassifier(grpc_server, model_name, signature, 10.0),
+          f'server {grpc_server} answered {grpc_status}: {cause}',
       ),
   ):
     failures, out, err = _classify(pngs[:1], classifier)
@@ -664,7 +706,7 @@ def test_command_saved_model_without_jax(
 
 
 def test_command_server_json(rest_server, grpc_server, pngs):
-  for flag in (f'--server={rest_server[0]}', f'--grpc={grpc_server[0]}'):
+  for flag in (f'--server={rest_server}', f'--grpc={grpc_server}'):
     result = _predict(flag, '--json', *pngs[:2])
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in result.stdout.splitlines()]
@@ -712,4 +754,96 @@ def test_command_needs_one_model_and_one_input(tmp_path, pngs):
   assert result.stderr.strip().splitlines()[-1] == (
       f'error: --saved_model={tmp_path / "absent"}: no saved_model.pb in it nor '
       'in an integer version directory under it'
+  )
+
+
+# TF Serving as README.md starts it: XLA on, on an image that runs the export.
+
+
+def test_readme_starts_pinned_servers_detached_with_xla():
+  with open(os.path.join(ROOT, 'README.md')) as f:
+    blocks = re.findall(r'```sh\n(.*?)```', f.read(), re.S)
+  cpu, gpu = [b for b in blocks if b.startswith('docker run -d ')]
+  for run, image, xla in (
+      (cpu, SERVING_IMAGE, '--xla_cpu_compilation_enabled=true'),
+      (gpu, f'{SERVING_IMAGE}-gpu', '--xla_gpu_compilation_enabled=true'),
+  ):
+    words = run.replace('\\\n', ' ').split()
+    assert '$HOME/mnist/export/mnist:/models/mnist' in words
+    assert words[words.index(image) + 1 :] == [
+        '--model_name=mnist',
+        '--model_base_path=/models/mnist',
+        xla,
+    ]
+  assert '--gpus' in gpu.split() and '--gpus' not in cpu.split()
+
+
+def test_without_xla_the_server_loads_no_model(model_base_path, tmp_path):
+  """Started as README.md started it before: the warm-up meets the XLA gate.
+
+  TF Serving tries 5 more loads, a minute apart; here none.
+  """
+  server = StandIn(
+      readme_server_flags(model_base_path, xla=False)
+      + ['--max_num_load_retries=0'],
+      str(tmp_path / 'log'),
+  )
+  try:
+    assert server.process.wait(300) == 255
+  finally:
+    server.stop()
+  assert [
+      line
+      for line in server.output().splitlines()
+      if line.startswith('Failed to start server.')
+  ] == [
+      'Failed to start server. Error: UNKNOWN: 1 servable(s) did not become '
+      'available: {{name: mnist version: 1} due to error: INTERNAL: XLA '
+      'compilation disabled'
+  ]
+
+
+def test_without_xla_predict_names_the_flag(model_base_path, tmp_path, pngs):
+  """Without its warm-up, the model loads; then every request meets the gate."""
+  server = StandIn(
+      readme_server_flags(model_base_path, xla=False)
+      + ['--enable_model_warmup=false'],
+      str(tmp_path / 'log'),
+  )
+  try:
+    server.wait_until_served()
+    for classifier, answer in (
+        (
+            predict.RestClassifier(server.rest, 'mnist', 'mnist_server', 60.0),
+            f'server {server.rest} answered 500',
+        ),
+        (
+            predict.GrpcClassifier(server.grpc, 'mnist', 'mnist_server', 60.0),
+            f'server {server.grpc} answered INTERNAL',
+        ),
+    ):
+      failures, out, err = _classify(pngs[:1], classifier)
+      assert (failures, out) == (1, [])
+      assert err == [f'error: {pngs[0]}: {answer}: {XLA_DISABLED}']
+  finally:
+    server.stop()
+
+
+@pytest.mark.parametrize(
+    'message',
+    [
+        # TensorFlow 2.19.1's, running this export, then one exported with
+        # JAX_EXPORT_CALLING_CONVENTION_VERSION=9.
+        'XlaCallModuleOp with version 10 is not supported by this build. '
+        'Must be <= 9\n\t [[{{node XlaCallModule}}]]\n\ttf2xla conversion '
+        'failed while converting __inference_predict_fn_110[].',
+        'Cannot deserialize computation\n\t [[{{node XlaCallModule}}]]\n'
+        '\ttf2xla conversion failed while converting '
+        '__inference_predict_fn_110[].',
+    ],
+)
+def test_a_tensorflow_too_old_for_the_export_is_named(message):
+  assert predict._tensorflow_error(message) == (  # pylint: disable=protected-access
+      f'{message.splitlines()[0]}: the export needs TensorFlow 2.20 or later '
+      '(a TF Serving built on it: tensorflow/serving:2.20.0 or later)'
   )
