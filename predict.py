@@ -6,6 +6,11 @@ The model runs in one of three places:
   python predict.py --server=localhost:8501 7.png     # TF Serving, REST
   python predict.py --grpc=localhost:8500 digits.npy  # TF Serving, gRPC
 
+A server behind TLS: `--server=https://HOST[:PORT]` (`http://` when no
+scheme is given), `--grpc=HOST:PORT --grpc_tls`. The server's certificate is
+verified with the system's CA certificates (REST) or gRPC's own (gRPC), or
+with those of `--ca_file=PEM` (a self-signed certificate is its own CA).
+
 Inputs are PNG (or any image Pillow reads) files of any size, grey or RGB, or
 `.npy` arrays of 28x28 images. Images are prepared as training saw MNIST:
 converted to grey, resized to 28x28, scaled from [0, 255] to [0, 1]. MNIST
@@ -36,6 +41,7 @@ import base64
 import json
 import os
 import re
+import ssl
 import urllib.error
 import urllib.request
 
@@ -53,8 +59,24 @@ flags.DEFINE_string(
     'Run the SavedModel locally in TensorFlow: a version directory, or the '
     'model directory (<workdir>/export/mnist), whose highest version is used.',
 )
-flags.DEFINE_string('server', None, 'TF Serving REST address, HOST:8501.')
+flags.DEFINE_string(
+    'server',
+    None,
+    'TF Serving REST address: HOST:8501, http://HOST:8501 or '
+    'https://HOST[:PORT].',
+)
 flags.DEFINE_string('grpc', None, 'TF Serving gRPC address, HOST:8500.')
+flags.DEFINE_bool(
+    'grpc_tls',
+    False,
+    "Connect to --grpc over TLS, verifying the server's certificate.",
+)
+flags.DEFINE_string(
+    'ca_file',
+    None,
+    "PEM file of the CA certificates that verify the server's certificate "
+    '(--server=https://... or --grpc_tls), instead of the default ones.',
+)
 flags.DEFINE_string('model_name', 'mnist', 'MODEL_NAME the server serves.')
 flags.DEFINE_string(
     'signature',
@@ -285,16 +307,46 @@ def rest_request(images: np.ndarray, signature: str) -> dict:
   return {'signature_name': signature, 'instances': instances}
 
 
+def rest_url(address: str) -> str:
+  """The URL of a REST address: `http://` is the scheme if it names none."""
+  return address.rstrip('/') if '://' in address else f'http://{address}'
+
+
+def _tls_context(ca_file: str | None) -> ssl.SSLContext:
+  """Verifies servers with the CA certificates of `ca_file`, else the system's."""
+  try:
+    return ssl.create_default_context(cafile=ca_file)
+  except (OSError, ssl.SSLError) as e:
+    raise InputError(
+        f'--ca_file={ca_file}: {_one_line(getattr(e, "strerror", None) or e)}'
+    ) from None
+
+
+def _certificate_error(address: str, reason: str) -> InputError:
+  return InputError(
+      f'server {address}: certificate verify failed ({reason}): name the CA '
+      'that signed it with --ca_file'
+  )
+
+
 class RestClassifier:
   """POSTs to TF Serving's REST API: /v1/models/<model>:predict."""
 
   def __init__(
-      self, address: str, model_name: str, signature: str, timeout: float
+      self,
+      address: str,
+      model_name: str,
+      signature: str,
+      timeout: float,
+      ca_file: str | None = None,
   ):
     self.address = address
-    self.url = f'http://{address}/v1/models/{model_name}:predict'
+    self.url = f'{rest_url(address)}/v1/models/{model_name}:predict'
     self.signature = signature
     self.timeout = timeout
+    self._context = (
+        _tls_context(ca_file) if self.url.startswith('https://') else None
+    )
 
   def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
     request = urllib.request.Request(
@@ -304,7 +356,9 @@ class RestClassifier:
         method='POST',
     )
     try:
-      with urllib.request.urlopen(request, timeout=self.timeout) as response:
+      with urllib.request.urlopen(
+          request, timeout=self.timeout, context=self._context
+      ) as response:
         body = json.loads(response.read())
     except urllib.error.HTTPError as e:
       raise InputError(
@@ -312,6 +366,8 @@ class RestClassifier:
       ) from None
     except (urllib.error.URLError, OSError) as e:
       reason = getattr(e, 'reason', e)
+      if isinstance(reason, ssl.SSLCertVerificationError):
+        raise _certificate_error(self.address, reason.verify_message) from None
       raise InputError(
           f'server {self.address} does not answer ({_one_line(reason)})'
       ) from None
@@ -350,7 +406,13 @@ class GrpcClassifier:
   """Calls TF Serving's gRPC PredictionService.Predict."""
 
   def __init__(
-      self, address: str, model_name: str, signature: str, timeout: float
+      self,
+      address: str,
+      model_name: str,
+      signature: str,
+      timeout: float,
+      tls: bool = False,
+      ca_file: str | None = None,
   ):
     import grpc  # pylint: disable=g-import-not-at-top
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -361,7 +423,16 @@ class GrpcClassifier:
     self.model_name = model_name
     self.signature = signature
     self.timeout = timeout
-    self._channel = grpc.insecure_channel(address)
+    if tls:
+      root_certificates = None  # gRPC's own.
+      if ca_file:
+        _tls_context(ca_file)  # Else gRPC would fail only at the handshake.
+        with open(ca_file, 'rb') as f:
+          root_certificates = f.read()
+      credentials = grpc.ssl_channel_credentials(root_certificates)
+      self._channel = grpc.secure_channel(address, credentials)
+    else:
+      self._channel = grpc.insecure_channel(address)
     self._stub = prediction_service_pb2_grpc.PredictionServiceStub(
         self._channel
     )
@@ -372,6 +443,12 @@ class GrpcClassifier:
       response = self._stub.Predict(request, timeout=self.timeout)
     except self._grpc.RpcError as e:
       code = e.code()
+      # gRPC's message of a failed handshake ends in BoringSSL's reason.
+      verify_failed = re.search(
+          r'CERTIFICATE_VERIFY_FAILED: (.*?)(: OK)?$', e.details() or ''
+      )
+      if verify_failed:
+        raise _certificate_error(self.address, verify_failed.group(1)) from None
       if code in (
           self._grpc.StatusCode.UNAVAILABLE,
           self._grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -464,17 +541,32 @@ def classify(
 
 
 def make_classifier():
-  """The classifier that the flags name."""
+  """The classifier that the flags name; InputError names the flag at fault."""
   signature = FLAGS.signature or (
       BYTES_SIGNATURE if FLAGS.bytes else 'serving_default'
   )
   if FLAGS.saved_model:
-    return SavedModelClassifier(FLAGS.saved_model, signature)
+    try:
+      return SavedModelClassifier(FLAGS.saved_model, signature)
+    except InputError as e:
+      raise InputError(f'--saved_model={FLAGS.saved_model}: {e}') from None
+    except Exception as e:  # pylint: disable=broad-except
+      # TensorFlow raises many kinds of error for a SavedModel it cannot load.
+      raise InputError(
+          f'--saved_model={FLAGS.saved_model}: {_one_line(e)}'
+      ) from None
   if FLAGS.server:
     return RestClassifier(
-        FLAGS.server, FLAGS.model_name, signature, FLAGS.timeout
+        FLAGS.server, FLAGS.model_name, signature, FLAGS.timeout, FLAGS.ca_file
     )
-  return GrpcClassifier(FLAGS.grpc, FLAGS.model_name, signature, FLAGS.timeout)
+  return GrpcClassifier(
+      FLAGS.grpc,
+      FLAGS.model_name,
+      signature,
+      FLAGS.timeout,
+      FLAGS.grpc_tls,
+      FLAGS.ca_file,
+  )
 
 
 def main(argv):
@@ -487,10 +579,7 @@ def main(argv):
   try:
     classifier = make_classifier()
   except InputError as e:
-    sys.exit(f'error: --saved_model={FLAGS.saved_model}: {e}')
-  except Exception as e:  # pylint: disable=broad-except
-    # TensorFlow raises many kinds of error for a SavedModel it cannot load.
-    sys.exit(f'error: --saved_model={FLAGS.saved_model}: {_one_line(e)}')
+    sys.exit(f'error: {e}')
   if classify(
       argv[1:], classifier, FLAGS.invert, FLAGS.json, as_bytes=FLAGS.bytes
   ):
@@ -500,4 +589,24 @@ def main(argv):
 if __name__ == '__main__':
   # Here, not on import: importing the module (its tests) needs no flags.
   flags.mark_flags_as_mutual_exclusive(['saved_model', 'server', 'grpc'], True)
+  flags.register_validator(
+      'server',
+      lambda address: address is None
+      or '://' not in address
+      or address.startswith(('http://', 'https://')),
+      'expected HOST:PORT, http://HOST:PORT or https://HOST[:PORT]',
+  )
+  flags.register_multi_flags_validator(
+      ['grpc', 'grpc_tls'],
+      lambda f: not f['grpc_tls'] or f['grpc'] is not None,
+      '--grpc_tls is for --grpc',
+  )
+  flags.register_multi_flags_validator(
+      ['server', 'grpc_tls', 'ca_file'],
+      lambda f: f['ca_file'] is None
+      or f['grpc_tls']
+      or (f['server'] or '').startswith('https://'),
+      '--ca_file verifies a server over TLS: --server=https://... or '
+      '--grpc_tls',
+  )
   app.run(main)

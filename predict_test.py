@@ -17,6 +17,7 @@ import json
 import os
 import re
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -89,12 +90,14 @@ def _free_port() -> int:
 class StandIn:
   """tools/serving_standin.py in a process of its own, on free ports.
 
-  `grpc` and `rest` are its HOST:PORT addresses.
+  `grpc` and `rest` are its HOST:PORT addresses; with `ca_file` (of its
+  certificate), its REST API is waited for over TLS.
   """
 
-  def __init__(self, server_flags: list[str], log: str):
+  def __init__(self, server_flags: list[str], log: str, ca_file=None):
     self.grpc = f'127.0.0.1:{_free_port()}'
     self.rest = f'127.0.0.1:{_free_port()}'
+    self.ca_file = ca_file
     self.log = log
     with open(log, 'wb') as out:
       self.process = subprocess.Popen(
@@ -117,11 +120,13 @@ class StandIn:
 
   def wait_until_served(self, timeout: float = 300) -> None:
     """Returns once the model's status answers; fails if it never does."""
-    url = f'http://{self.rest}/v1/models/mnist'
+    context = ssl.create_default_context(cafile=self.ca_file)
+    scheme = 'https' if self.ca_file else 'http'
+    url = f'{scheme}://{self.rest}/v1/models/mnist'
     deadline = time.monotonic() + timeout
     while self.process.poll() is None and time.monotonic() < deadline:
       try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
+        with urllib.request.urlopen(url, timeout=5, context=context) as answer:
           status = json.loads(answer.read())['model_version_status']
           assert [s['state'] for s in status] == ['AVAILABLE']
           return
@@ -847,3 +852,128 @@ def test_a_tensorflow_too_old_for_the_export_is_named(message):
       f'{message.splitlines()[0]}: the export needs TensorFlow 2.20 or later '
       '(a TF Serving built on it: tensorflow/serving:2.20.0 or later)'
   )
+
+
+# Servers behind TLS.
+
+
+@pytest.fixture(scope='module')
+def certificate(tmp_path_factory) -> dict[str, str]:
+  """A self-signed certificate of 127.0.0.1 (its own CA) and its SSLConfig."""
+  directory = tmp_path_factory.mktemp('tls')
+  cert, key = directory / 'cert.pem', directory / 'key.pem'
+  subprocess.run(
+      [
+          'openssl',
+          'req',
+          '-x509',
+          '-newkey',
+          'rsa:2048',
+          '-nodes',
+          '-days',
+          '1',
+          '-subj',
+          '/CN=127.0.0.1',
+          '-addext',
+          'subjectAltName=IP:127.0.0.1',
+          '-keyout',
+          str(key),
+          '-out',
+          str(cert),
+      ],
+      check=True,
+      capture_output=True,
+  )
+  # TF Serving's SSLConfig, a text proto; JSON's string escapes are its own.
+  (directory / 'ssl_config.txt').write_text(
+      f'server_key: {json.dumps(key.read_text())}\n'
+      f'server_cert: {json.dumps(cert.read_text())}\n'
+  )
+  return {'ca_file': str(cert), 'ssl_config': str(directory / 'ssl_config.txt')}
+
+
+@pytest.fixture(scope='module')
+def tls_standin(model_base_path, certificate, tmp_path_factory):
+  """The stand-in with gRPC over TLS (TF Serving's --ssl_config_file), and
+  REST over TLS as an HTTPS ingress in front of TF Serving serves it."""
+  server = StandIn(
+      readme_server_flags(model_base_path)
+      + [
+          f'--ssl_config_file={certificate["ssl_config"]}',
+          f'--rest_api_ssl_config_file={certificate["ssl_config"]}',
+      ],
+      str(tmp_path_factory.mktemp('tls_standin') / 'log'),
+      ca_file=certificate['ca_file'],
+  )
+  try:
+    server.wait_until_served()
+    yield server
+  finally:
+    server.stop()
+
+
+def _tls_classifier(way: str, server: StandIn, ca_file):
+  if way == 'rest':
+    return predict.RestClassifier(
+        f'https://{server.rest}', 'mnist', 'serving_default', 60.0, ca_file
+    )
+  return predict.GrpcClassifier(
+      server.grpc, 'mnist', 'serving_default', 60.0, True, ca_file
+  )
+
+
+@pytest.mark.parametrize('way', ['rest', 'grpc'])
+def test_tls_with_the_ca_file_of_the_server(
+    way, tls_standin, certificate, signatures, pngs
+):
+  classifier = _tls_classifier(way, tls_standin, certificate['ca_file'])
+  failures, out, err = _classify(pngs[:3], classifier, as_json=True)
+  assert (failures, err) == (0, [])
+  images = np.concatenate([predict.load_input(p) for p in pngs[:3]])
+  expected = _run_signature(signatures[1], 'serving_default', {'image': images})
+  np.testing.assert_allclose(
+      [json.loads(line)['logits'] for line in out],
+      expected['logits'],
+      atol=1e-5,
+  )
+
+
+@pytest.mark.parametrize('way', ['rest', 'grpc'])
+def test_tls_refuses_a_certificate_that_does_not_verify(way, tls_standin, pngs):
+  classifier = _tls_classifier(way, tls_standin, None)
+  failures, out, err = _classify(pngs[:1], classifier)
+  assert (failures, out, len(err)) == (1, [], 1)
+  address = f'https://{tls_standin.rest}' if way == 'rest' else tls_standin.grpc
+  # OpenSSL's words (REST), or BoringSSL's (gRPC).
+  assert re.fullmatch(
+      f'error: {re.escape(pngs[0])}: server {re.escape(address)}: certificate '
+      r'verify failed \(self.signed certificate\): name the CA that signed it '
+      'with --ca_file',
+      err[0],
+  ), err[0]
+
+
+def test_command_tls(tls_standin, certificate, pngs):
+  ca_file = f'--ca_file={certificate["ca_file"]}'
+  for server_flags in (
+      [f'--server=https://{tls_standin.rest}', ca_file],
+      [f'--grpc={tls_standin.grpc}', '--grpc_tls', ca_file],
+  ):
+    result = _predict(*server_flags, pngs[0])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f'{pngs[0]}: 7 (')
+  for server_flags, cause in (
+      (
+          [f'--server={tls_standin.rest}', ca_file],
+          '--ca_file verifies a server over TLS: --server=https://... or '
+          '--grpc_tls',
+      ),
+      (
+          [f'--server=grpc://{tls_standin.grpc}'],
+          f'flag --server=grpc://{tls_standin.grpc}: expected HOST:PORT, '
+          'http://HOST:PORT or https://HOST[:PORT]',
+      ),
+  ):
+    result = _predict(*server_flags, pngs[0])
+    assert result.returncode == 1
+    assert cause in result.stderr

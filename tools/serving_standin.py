@@ -18,11 +18,14 @@ the server does, in TensorFlow's own code:
   --load_retry_interval_micros apart; then the program prints the server's
   'Failed to start server' line and exits with status 255.
 - Only then does it listen: gRPC (PredictionService.Predict,
-  ModelService.GetModelStatus) on --port, and REST (predict, model status)
-  on --rest_api_port if it is not 0.
+  ModelService.GetModelStatus) on --port, behind TLS with --ssl_config_file
+  (an SSLConfig text proto), and REST (predict, model status) on
+  --rest_api_port if it is not 0.
 
 Unlike the server, it listens on the loopback interface only, serves one
-version and does not look for new ones.
+version and does not look for new ones. --rest_api_ssl_config_file is not
+the server's (its REST API is plain HTTP): it serves REST over TLS, as an
+HTTPS ingress in front of the server does.
 """
 
 import base64
@@ -34,7 +37,9 @@ import http.server
 import json
 import os
 import re
+import ssl
 import sys
+import tempfile
 import time
 
 from absl import app
@@ -43,7 +48,11 @@ from absl import logging
 import grpc
 import numpy as np
 import tensorflow as tf
+from google.protobuf import descriptor_pb2
+from google.protobuf import descriptor_pool
 from google.protobuf import json_format
+from google.protobuf import message_factory
+from google.protobuf import text_format
 from tensorflow_serving.apis import get_model_status_pb2
 from tensorflow_serving.apis import model_service_pb2_grpc
 from tensorflow_serving.apis import predict_pb2
@@ -73,6 +82,15 @@ flags.DEFINE_integer(
 )
 flags.DEFINE_integer(
     'load_retry_interval_micros', 60_000_000, 'Wait between load tries.'
+)
+flags.DEFINE_string(
+    'ssl_config_file', '', 'SSLConfig text proto: gRPC over TLS.'
+)
+# Not the server's.
+flags.DEFINE_string(
+    'rest_api_ssl_config_file',
+    '',
+    'SSLConfig text proto: REST over TLS, as an HTTPS ingress serves it.',
 )
 
 WARMUP_FILE = os.path.join('assets.extra', 'tf_serving_warmup_requests')
@@ -399,6 +417,72 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
       context.abort(e.code, e.message)
 
 
+# TLS.
+
+
+def _ssl_config_class():
+  """TF Serving's SSLConfig message (ssl_config.proto; not in its pip API)."""
+  file = descriptor_pb2.FileDescriptorProto(
+      name='tensorflow_serving/config/ssl_config.proto',
+      package='tensorflow.serving',
+      syntax='proto3',
+  )
+  message = file.message_type.add(name='SSLConfig')
+  string, boolean = (
+      descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+      descriptor_pb2.FieldDescriptorProto.TYPE_BOOL,
+  )
+  for number, (name, kind) in enumerate(
+      [
+          ('server_key', string),
+          ('server_cert', string),
+          ('custom_ca', string),
+          ('client_verify', boolean),
+      ],
+      1,
+  ):
+    message.field.add(
+        name=name,
+        number=number,
+        type=kind,
+        label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
+    )
+  pool = descriptor_pool.DescriptorPool()
+  pool.Add(file)
+  return message_factory.GetMessageClass(
+      pool.FindMessageTypeByName('tensorflow.serving.SSLConfig')
+  )
+
+
+SSLConfig = _ssl_config_class()
+
+
+def read_ssl_config(path: str):
+  with open(path) as f:
+    return text_format.Parse(f.read(), SSLConfig())
+
+
+def grpc_credentials(config) -> grpc.ServerCredentials:
+  """The server's TLS credentials of an SSLConfig, as its server.cc builds them."""
+  return grpc.ssl_server_credentials(
+      [(config.server_key.encode(), config.server_cert.encode())],
+      root_certificates=config.custom_ca.encode() or None,
+      require_client_auth=config.client_verify,
+  )
+
+
+def tls_context(config) -> ssl.SSLContext:
+  """A server-side TLS context with the key and certificate of an SSLConfig."""
+  context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+  with tempfile.TemporaryDirectory() as directory:
+    paths = [os.path.join(directory, n) for n in ('cert.pem', 'key.pem')]
+    for path, pem in zip(paths, (config.server_cert, config.server_key)):
+      with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), 'w') as f:
+        f.write(pem)
+    context.load_cert_chain(*paths)
+  return context
+
+
 def serve(servable: Servable) -> None:
   """Starts the gRPC and REST front ends that the flags name, and waits."""
   servers = []
@@ -417,7 +501,11 @@ def serve(servable: Servable) -> None:
         ModelService(servable), server
     )
     address = f'127.0.0.1:{FLAGS.port}'
-    server.add_insecure_port(address)
+    if FLAGS.ssl_config_file:
+      credentials = grpc_credentials(read_ssl_config(FLAGS.ssl_config_file))
+      server.add_secure_port(address, credentials)
+    else:
+      server.add_insecure_port(address)
     server.start()
     servers.append(server)
     logging.info('Running gRPC ModelServer at %s ...', address)
@@ -427,6 +515,9 @@ def serve(servable: Servable) -> None:
         ('127.0.0.1', FLAGS.rest_api_port), handler
     )
     rest.daemon_threads = True
+    if FLAGS.rest_api_ssl_config_file:
+      context = tls_context(read_ssl_config(FLAGS.rest_api_ssl_config_file))
+      rest.socket = context.wrap_socket(rest.socket, server_side=True)
     logging.info(
         'Exporting HTTP/REST API at:127.0.0.1:%d ...', FLAGS.rest_api_port
     )
