@@ -7,9 +7,11 @@ the signal (143 for SIGTERM, a preempted job; 130 for Ctrl-C). It raises
 SystemExit in the main thread, so that every `finally` on the way runs (the
 array cache's temporary file, the workdir's lock); if the process has not
 ended `GRACE_SECS` later (a long C++ call, or threads that its exit waits
-for, such as a download's), it ends then. Nothing is half-written where a
-later run would trust it: files are written under temporary names and
-renamed when whole.
+for, such as a download's), it ends then. Python drops an exception raised
+in a garbage collector's callback, where a handler can run too: should the
+process then end otherwise, its exit status is still the signal's. Nothing
+is half-written where a later run would trust it: files are written under
+temporary names and renamed when whole.
 
 Once training has begun, a signal asks the loop to stop at its next
 dispatch, which saves a checkpoint there (`asked`). A second Ctrl-C ends the
@@ -19,6 +21,7 @@ which the C handler writes to at once, whereas Python handlers wait for the
 main thread to be back in Python.
 """
 
+import atexit
 import functools
 import os
 import signal
@@ -65,11 +68,15 @@ class StopSignals:
   def __init__(self):
     self.received = None
     self._training = False
+    self._interrupted = None  # The signal that ended the process early.
     self._said = threading.Lock()  # Held once the interruption is told.
     self._read, self._write = socket.socketpair()
     self._write.setblocking(False)
     self.take_signals()
     threading.Thread(target=self._watch, daemon=True).start()
+    atexit.register(self._exit_status)
+    self._report_unraisable = sys.unraisablehook
+    sys.unraisablehook = self._unraisable
 
   def take_signals(self) -> None:
     """Makes SIGTERM and SIGINT this object's, again if another took them.
@@ -85,7 +92,20 @@ class StopSignals:
     """Python's handler, in the main thread: before training, ends it there."""
     if not self._training:
       self._tell(signal.Signals(signum), frame)
+      self._interrupted = signum
       raise SystemExit(128 + signum)
+
+  def _unraisable(self, unraisable) -> None:
+    """Python's report of an exception it dropped, unless it is ours."""
+    if self._interrupted is None or unraisable.exc_type is not SystemExit:
+      self._report_unraisable(unraisable)
+
+  def _exit_status(self) -> None:
+    """At exit (atexit): the status of an interruption, however it ended."""
+    if self._interrupted is not None:
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(128 + self._interrupted)
 
   def _tell(self, signum: signal.Signals, frame) -> None:
     """Prints, once, the line that says what `signum` interrupted."""

@@ -28,6 +28,14 @@ the server's (its REST API is plain HTTP): it serves REST over TLS, as an
 HTTPS ingress in front of the server does.
 """
 
+import sys
+
+import tensorflow_startup
+
+if __name__ == '__main__':  # Before TensorFlow's first import.
+  tensorflow_startup.quiet(sys.argv)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import base64
 import concurrent.futures
 import ctypes
@@ -38,7 +46,6 @@ import json
 import os
 import re
 import ssl
-import sys
 import tempfile
 import time
 
