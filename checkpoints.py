@@ -1,4 +1,4 @@
-"""Checkpoints of a training run, with orbax-checkpoint, and the run's workdir.
+"""Checkpoints of a training run, with orbax-checkpoint.
 
 A checkpoint is the state of the model (its dropout RNG included), of the
 optimizer and of the running training metrics, and a JSON item: the global
@@ -10,19 +10,15 @@ Orbax writes each checkpoint in a temporary directory and renames it when it
 is complete, so a checkpoint cut short by a killed process is never listed.
 
 `Run` manages a training run's checkpoints: before it starts, the workdir
-must be writable (`prepare_workdir`) and its latest checkpoint must fit the
+must be writable (`workdirs.prepare`) and its latest checkpoint must fit the
 config (`latest`); then it resumes, saves, and words the messages that name
 a step's position. A checkpoint that cannot be restored (a file truncated or
 lost) is moved aside and the run resumes from the newest one that restores.
-`exclusive` keeps a second run off a workdir in use.
 """
 
-import contextlib
-import fcntl
 import json
 import os
 import re
-import socket
 import time
 
 from absl import logging
@@ -30,11 +26,7 @@ from flax import nnx
 import ml_collections
 import orbax.checkpoint as ocp
 import tensorflow as tf
-
-DIRECTORY = 'checkpoints'
-# Where checkpoints that cannot be restored are moved, for the user to see.
-DAMAGED = 'damaged_checkpoints'
-LOCK_FILE = 'run.lock'
+import workdirs
 
 # Config fields that a resumed run may change: they change neither the state
 # that training reaches nor the order of the data.
@@ -56,10 +48,6 @@ RESUMABLE_CHANGES = frozenset(
 )
 
 
-class WorkdirError(Exception):
-  """The workdir cannot be used as it is; the message is one line for the user."""
-
-
 def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
   """The checkpoints of `workdir`, keeping the `keep` most recent.
 
@@ -70,7 +58,7 @@ def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
   save would still be reading.
   """
   return ocp.CheckpointManager(
-      os.path.join(workdir, DIRECTORY),
+      os.path.join(workdir, workdirs.CHECKPOINTS),
       options=ocp.CheckpointManagerOptions(
           max_to_keep=keep, create=False, enable_async_checkpointing=False
       ),
@@ -137,33 +125,18 @@ def config_differences(
   ]
 
 
-def prepare_workdir(workdir: str) -> None:
-  """Creates `workdir` if need be and checks that files can be written in it."""
-  probe = os.path.join(workdir, f'.write_test.{os.getpid()}')
-  try:
-    tf.io.gfile.makedirs(workdir)
-    with tf.io.gfile.GFile(probe, 'w') as f:
-      f.write('')
-    tf.io.gfile.remove(probe)
-  except tf.errors.OpError as e:
-    raise WorkdirError(
-        f'cannot create or write the workdir {workdir} ({e.message}): '
-        'choose a --workdir that can be created and written'
-    ) from None
-
-
 def _check_fits(meta: dict, config, directory: str, training: bool) -> None:
   """Raises WorkdirError if the checkpoint of `meta` cannot go on as `config`."""
   at = position(meta['step'], meta['steps_per_epoch'])
   start_afresh = f'use a new --workdir or move {directory} away'
   differences = config_differences(meta['config'], config)
   if differences:
-    raise WorkdirError(
+    raise workdirs.WorkdirError(
         f'{directory} holds a checkpoint ({at}) of another config: '
         f'{"; ".join(differences)}; to start afresh, {start_afresh}'
     )
   if training and meta['step'] > config.num_epochs * meta['steps_per_epoch']:
-    raise WorkdirError(
+    raise workdirs.WorkdirError(
         f'{directory} holds a checkpoint ({at}) past '
         f'config.num_epochs={config.num_epochs}: raise num_epochs, or to start '
         f'afresh, {start_afresh}'
@@ -207,7 +180,7 @@ def restore_newest(saved, config, training: bool, **objects):
       _check_fits(meta, config, saved.directory, training)
       if objects:
         restore(saved, step, **objects)
-    except WorkdirError:
+    except workdirs.WorkdirError:
       raise
     except Exception as e:  # pylint: disable=broad-except
       if objects:
@@ -221,7 +194,7 @@ def restore_newest(saved, config, training: bool, **objects):
       continue
     return meta, [s for s, _ in damaged]
   if damaged:
-    raise WorkdirError(
+    raise workdirs.WorkdirError(
         f'no checkpoint in {saved.directory} can be restored (the newest, of '
         f'step {damaged[0][0]}: {_cause(damaged[0][1])}); to start afresh, use '
         f'a new --workdir or move {saved.directory} away'
@@ -246,62 +219,6 @@ def latest(config: ml_collections.ConfigDict, workdir: str, training=True):
   return saved, meta
 
 
-def _locked(path: str, workdir: str):
-  """`path` opened and flocked, or WorkdirError naming the holder it names."""
-  while True:
-    f = open(path, 'a+')
-    try:
-      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      f.seek(0)
-      holder = f.read().strip() or 'a run'
-      f.close()
-      raise WorkdirError(
-          f'the workdir {workdir} is in use by {holder} (it holds {path}): '
-          'wait for it to end, or use another --workdir'
-      ) from None
-    try:
-      if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
-        return f
-    except FileNotFoundError:
-      pass
-    f.close()  # Its holder removed it as this process opened it: again.
-
-
-@contextlib.contextmanager
-def exclusive(workdir: str, hold: bool = True):
-  """Holds `workdir` for this process, or raises WorkdirError naming its holder.
-
-  An flock on `<workdir>/run.lock`, which the system releases however the
-  process ends. The file names the holder while it runs and is removed when
-  it ends cleanly, so a file found with a name in it is a killed run's.
-  (filelock empties the file on every attempt, which would lose the name.)
-  Not for remote file systems (gs://): there, or without `hold`, nothing is
-  held.
-  """
-  if not hold or '://' in workdir:
-    yield
-    return
-  prepare_workdir(workdir)
-  path = os.path.join(workdir, LOCK_FILE)
-  with _locked(path, workdir) as f:
-    f.seek(0)
-    killed = f.read().strip()
-    if killed:
-      logging.warning(
-          'Taking over %s from %s, which ended without releasing it.',
-          path,
-          killed,
-      )
-    f.truncate(0)
-    f.write(f'process {os.getpid()} on {socket.gethostname()}\n')
-    f.flush()
-    try:
-      yield
-    finally:
-      os.remove(path)  # Before the lock is released, as the file closes.
-
-
 def position(step: int, steps_per_epoch: int) -> str:
   """Global `step` for the user: 'step 32, end of epoch 2', 'step 37, in epoch 3'."""
   epoch, step_in_epoch = divmod(step, steps_per_epoch)
@@ -319,7 +236,7 @@ class Run:
   """
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
-    prepare_workdir(workdir)
+    workdirs.prepare(workdir)
     self.config = config
     self.workdir = workdir
     self.manager, _ = latest(config, workdir)
@@ -354,7 +271,9 @@ class Run:
 
   def _move_aside(self, step: int) -> None:
     damaged = os.path.join(
-        self.workdir, DAMAGED, f'{step}-{time.strftime("%Y%m%d-%H%M%S")}'
+        self.workdir,
+        workdirs.DAMAGED,
+        f'{step}-{time.strftime("%Y%m%d-%H%M%S")}',
     )
     tf.io.gfile.makedirs(os.path.dirname(damaged))
     tf.io.gfile.rename(
@@ -390,7 +309,7 @@ class Run:
       # Orbax and TensorStore raise many kinds of error for a failed write.
       kept = self.manager.latest_step()
       kept = f'the checkpoint of step {kept}' if kept else 'no checkpoint'
-      raise WorkdirError(
+      raise workdirs.WorkdirError(
           f'cannot write the checkpoint ({self.position(step)}) in '
           f'{self.manager.directory} ({_cause(e)}); {kept} is kept: free space '
           'or make it writable, then rerun the same command to resume'

@@ -8,6 +8,7 @@ from flax import nnx
 import jax
 import numpy as np
 import train
+import workdirs
 
 
 def _objects(seed: int):
@@ -59,7 +60,7 @@ def test_a_checkpoint_cut_short_is_not_listed(tmp_path):
       {'step': 3},
   )
   # What orbax leaves behind when the process dies while it writes step 5.
-  unfinished = tmp_path / checkpoints.DIRECTORY / '5.orbax-checkpoint-tmp-1234'
+  unfinished = tmp_path / workdirs.CHECKPOINTS / '5.orbax-checkpoint-tmp-1234'
   os.makedirs(unfinished / 'model')
   (unfinished / 'model' / 'half').write_bytes(b'\0' * 10)
   saved = checkpoints.manager(str(tmp_path))

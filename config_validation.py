@@ -9,6 +9,7 @@ and the sets of names.
 import math
 import re
 
+import errors
 import input_pipeline
 import jax
 import ml_collections
@@ -17,7 +18,7 @@ import ml_collections
 LR_SCHEDULES = ('constant', 'one_cycle')
 
 
-class ConfigError(Exception):
+class ConfigError(errors.UserError):
   """A field's value is not allowed; the message is one line for the user."""
 
 

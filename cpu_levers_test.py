@@ -1,12 +1,10 @@
 """Tests of the CPU levers: the same results, only where enabled, undone after."""
 
 import logging
-import os
 import subprocess
 import sys
 
 import cpu_levers
-from flax import nnx
 import jax
 from jax import lax
 from jax._src.random import threefry2x32

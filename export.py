@@ -20,18 +20,12 @@ import ml_collections
 import models
 import numpy as np
 from orbax.export import ExportManager, JaxModule, ServingConfig
+from serving_signatures import BYTES_INPUT_NAME, BYTES_SIGNATURE, IMAGE_SHAPE, INPUT_NAME, SIGNATURES
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_log_pb2
+import workdirs
 
-# Signatures of the SavedModel. Those in SIGNATURES take float images; TF
-# Serving's REST API uses 'serving_default' when a request names none.
-SIGNATURES = ('serving_default', 'mnist_server')
-INPUT_NAME = 'image'
-IMAGE_SHAPE = (28, 28, 1)
-# Takes encoded images (PNG, JPEG, ...) and decodes them in the graph.
-BYTES_SIGNATURE = 'serving_bytes'
-BYTES_INPUT_NAME = 'image_bytes'
 # What the serialised JAX computation is lowered for ('cuda' for TF Serving's
 # GPU image); TensorFlow runs the one it is on.
 PLATFORMS = ('cpu', 'cuda')
@@ -151,7 +145,7 @@ def export_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> str:
 
   Raises:
     config_validation.ConfigError: a field of `config` is not allowed.
-    checkpoints.WorkdirError: no checkpoint that restores, or one of another
+    workdirs.WorkdirError: no checkpoint that restores, or one of another
       config.
   """
   config_validation.validate(config)
@@ -160,12 +154,12 @@ def export_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> str:
   model = models.CNN(dropout_rate=config.dropout_rate, rngs=nnx.Rngs(0))
   meta, _ = checkpoints.restore_newest(saved, config, False, model=model)
   if meta is None:
-    raise checkpoints.WorkdirError(
+    raise workdirs.WorkdirError(
         f'no checkpoint in {saved.directory}: train first, with the same '
         '--workdir and --config'
     )
   path = export_saved_model(
-      model, os.path.join(workdir, 'export', config.export_model_name)
+      model, workdirs.export_dir(workdir, config.export_model_name)
   )
   logging.info(
       'Exported the model of the checkpoint (%s) in %s to %s',

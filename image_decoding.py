@@ -9,9 +9,9 @@ TensorFlow's own `rgb_to_grayscale` and `resize` differ from Pillow's by a
 grey level here and there, which would change the logits. Images are 8-bit.
 """
 
+from serving_signatures import IMAGE_SIZE
 import tensorflow as tf
 
-IMAGE_SIZE = 28
 # Pillow's fixed-point resampling of 8-bit images (libImaging/Resample.c).
 PRECISION_BITS = 22
 

@@ -30,6 +30,7 @@ import zlib
 
 from absl import logging
 import download
+import errors
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -65,7 +66,7 @@ IDX_FILES = {
 Arrays = dict[str, np.ndarray]
 
 
-class DataError(Exception):
+class DataError(errors.UserError):
   """The data set cannot be prepared; the message is one line for the user."""
 
 

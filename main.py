@@ -28,18 +28,17 @@ import signal
 from absl import app
 from absl import flags
 from absl import logging
-import checkpoints
 import clu
 from clu import platform
 import config_validation
+import errors
 import export
-import input_pipeline
 import jax
 from ml_collections import config_flags
 import orbax.checkpoint
-import summaries
 import tensorflow as tf
 import train
+import workdirs
 
 FLAGS = flags.FLAGS
 
@@ -190,7 +189,7 @@ def main(argv):
   try:
     config_validation.validate(FLAGS.config)  # Before anything is written.
     # Processes of one multi-host job share the workdir: process 0 holds it.
-    with checkpoints.exclusive(FLAGS.workdir, jax.process_index() == 0):
+    with workdirs.exclusive(FLAGS.workdir, jax.process_index() == 0):
       if FLAGS.mode == 'export':
         export.export_checkpoint(FLAGS.config, FLAGS.workdir)
       else:
@@ -202,13 +201,7 @@ def main(argv):
       received, cause = signal.SIGTERM, 'another process was asked to stop'
     logging.warning('%s: %s', cause, e)
     sys.exit(128 + received)
-  except (
-      config_validation.ConfigError,
-      checkpoints.WorkdirError,
-      input_pipeline.DataError,
-      summaries.WriteError,
-      train.TrainingError,
-  ) as e:
+  except errors.UserError as e:
     if FLAGS.verbosity >= 1:
       raise
     sys.exit(f'error: {e}')

@@ -32,6 +32,7 @@ import summaries
 import tensorflow as tf
 import tensorflow_datasets as tfds
 import train
+import workdirs
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 TAGS = ('train_loss', 'train_accuracy', 'test_loss', 'test_accuracy')
@@ -610,9 +611,11 @@ def test_a_stop_during_data_preparation_is_prompt(mnist_files, tmp_path):
       )
       == 1
   )
-  # Nothing that a later run would take for MNIST prepared, and no lock.
+  # Nothing that a later run would take for MNIST prepared (TFDS' own
+  # incomplete.* directory aside, which TFDS ignores), and no lock.
   assert not tfds.builder('mnist', data_dir=str(data_dir)).is_prepared()
-  assert not glob.glob(str(data_dir / 'mnist' / '*'))
+  left = [p.name for p in (data_dir / 'mnist').glob('*')]
+  assert all(name.startswith('incomplete.') for name in left), left
   assert os.listdir(workdir) == []
 
 
@@ -626,7 +629,7 @@ def test_a_second_run_on_a_workdir_in_use_refuses(
   first = _start(workdir, config)
   try:
     _read_until(first, _epoch_1_saved)
-    lock = os.path.join(workdir, checkpoints.LOCK_FILE)
+    lock = os.path.join(workdir, workdirs.LOCK_FILE)
     holder = f'process {first.pid} on {socket.gethostname()}'
     status = run_main(f'--workdir={workdir}', *_flags(config))
     _assert_one_line_error(
@@ -704,7 +707,7 @@ def test_a_damaged_latest_checkpoint_costs_only_it(
   assert warnings[0].startswith(
       f'The checkpoint of step 8 in {directory} cannot be restored ('
   )
-  (moved,) = glob.glob(os.path.join(workdir, checkpoints.DAMAGED, '8-*'))
+  (moved,) = glob.glob(os.path.join(workdir, workdirs.DAMAGED, '8-*'))
   assert warnings[1] == (
       f'Moved the checkpoint of step 8, which cannot be restored, to {moved}.'
   )

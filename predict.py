@@ -50,6 +50,7 @@ from absl import flags
 import numpy as np
 from PIL import Image
 from PIL import UnidentifiedImageError
+from serving_signatures import BYTES_INPUT_NAME, BYTES_SIGNATURE, IMAGE_SIZE, INPUT_NAME
 
 FLAGS = flags.FLAGS
 
@@ -92,13 +93,6 @@ flags.DEFINE_bool(
 )
 flags.DEFINE_bool('json', False, 'Print one JSON object per image.')
 flags.DEFINE_float('timeout', 10.0, 'Seconds to wait for a server.')
-
-# What the exported signatures take (see export.py; not imported from there,
-# which would import JAX).
-INPUT_NAME = 'image'
-BYTES_SIGNATURE = 'serving_bytes'
-BYTES_INPUT_NAME = 'image_bytes'
-IMAGE_SIZE = 28
 
 
 class InputError(Exception):

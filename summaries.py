@@ -15,10 +15,12 @@ import re
 from absl import logging
 from clu import asynclib
 from clu import metric_writers
+import errors
 import jax
 from matplotlib import figure
 from matplotlib.backends import backend_agg
 import ml_collections
+import models
 import numpy as np
 from PIL import Image
 from PIL import ImageDraw
@@ -32,10 +34,9 @@ GRID = 10
 SCALE = 3
 CAPTION = 16
 HEADER = 20
-NUM_CLASSES = 10
 
 
-class WriteError(Exception):
+class WriteError(errors.UserError):
   """Summaries could not be written; the message is one line for the user."""
 
   @classmethod
@@ -156,8 +157,8 @@ def misclassified_grid(
 
 
 def confusion_matrix(labels: np.ndarray, predicted: np.ndarray) -> np.ndarray:
-  """Counts `(true, predicted)` of NUM_CLASSES classes."""
-  matrix = np.zeros((NUM_CLASSES, NUM_CLASSES), np.int64)
+  """Counts `(true, predicted)` of the model's classes."""
+  matrix = np.zeros((models.NUM_CLASSES,) * 2, np.int64)
   np.add.at(matrix, (labels, predicted), 1)
   return matrix
 

@@ -10,14 +10,13 @@ example's (`train_step`, `eval_step`), run many to a dispatch in a jitted
 import collections
 import contextlib
 import functools
-import os
 import time
 
 from absl import logging
 import checkpoints
-from clu import periodic_actions
 import config_validation
 import cpu_levers
+import errors
 import export
 from flax import nnx
 import input_pipeline
@@ -32,9 +31,10 @@ import optax
 import parallel
 import progress
 import summaries
+import workdirs
 
 
-class TrainingError(Exception):
+class TrainingError(errors.UserError):
   """The run cannot go on; the message is one line for the user."""
 
 
@@ -386,7 +386,7 @@ def train_and_evaluate(
     with _timed(seconds, 'export'):
       nnx.update(model, parallel.local_copy(nnx.state(model)))
       path = export.export_saved_model(
-          model, os.path.join(workdir, 'export', config.export_model_name)
+          model, workdirs.export_dir(workdir, config.export_model_name)
       )
     logging.info('Exported the SavedModel to %s', path)
   summaries.write_seconds(writer, config.num_epochs, seconds)

@@ -14,6 +14,7 @@ import pytest
 import summaries
 import tensorflow as tf
 import train
+import workdirs
 
 
 def test_evaluate_counts_every_test_example_once(small_config):
@@ -170,7 +171,7 @@ def test_checkpoints_every_few_epochs_and_a_finished_run_only_exports(
 
   config.num_epochs = 2
   directory = os.path.join(workdir, 'checkpoints')
-  with pytest.raises(checkpoints.WorkdirError) as error:
+  with pytest.raises(workdirs.WorkdirError) as error:
     train.train_and_evaluate(config, workdir)
   assert str(error.value) == (
       f'{directory} holds a checkpoint (step 48, end of epoch 3) past '

@@ -1,0 +1,15 @@
+"""The exported SavedModel's signatures: their names and what they take.
+
+Shared by the exporter (export.py, image_decoding.py) and its client
+(predict.py), which imports neither JAX nor TensorFlow's graph code.
+"""
+
+# Those in SIGNATURES take float images in [0, 1]; TF Serving's REST API uses
+# 'serving_default' when a request names none.
+SIGNATURES = ('serving_default', 'mnist_server')
+INPUT_NAME = 'image'
+IMAGE_SIZE = 28
+IMAGE_SHAPE = (IMAGE_SIZE, IMAGE_SIZE, 1)
+# Takes encoded images (PNG, JPEG, ...) and decodes them in the graph.
+BYTES_SIGNATURE = 'serving_bytes'
+BYTES_INPUT_NAME = 'image_bytes'

@@ -1,0 +1,106 @@
+"""A run's workdir: where each thing a run writes goes, and who holds it.
+
+  <workdir>/events.out.tfevents.*      summaries (summaries.py)
+  <workdir>/checkpoints/<step>/        checkpoints (checkpoints.py)
+  <workdir>/damaged_checkpoints/       checkpoints that could not be restored
+  <workdir>/export/<model name>/<n>/   SavedModel versions (export.py)
+  <workdir>/run.lock                   the running process, while it runs
+
+`prepare` checks that the workdir can be written, before any work;
+`exclusive` keeps a second run off a workdir in use.
+"""
+
+import contextlib
+import fcntl
+import os
+import socket
+
+from absl import logging
+import errors
+import tensorflow as tf
+
+CHECKPOINTS = 'checkpoints'
+# Where checkpoints that cannot be restored are moved, for the user to see.
+DAMAGED = 'damaged_checkpoints'
+EXPORT = 'export'
+LOCK_FILE = 'run.lock'
+
+
+def export_dir(workdir: str, model_name: str) -> str:
+  """The model directory that TF Serving watches: its versions go under it."""
+  return os.path.join(workdir, EXPORT, model_name)
+
+
+class WorkdirError(errors.UserError):
+  """The workdir cannot be used as it is; the message is one line for the user."""
+
+
+def prepare(workdir: str) -> None:
+  """Creates `workdir` if need be and checks that files can be written in it."""
+  probe = os.path.join(workdir, f'.write_test.{os.getpid()}')
+  try:
+    tf.io.gfile.makedirs(workdir)
+    with tf.io.gfile.GFile(probe, 'w') as f:
+      f.write('')
+    tf.io.gfile.remove(probe)
+  except tf.errors.OpError as e:
+    raise WorkdirError(
+        f'cannot create or write the workdir {workdir} ({e.message}): '
+        'choose a --workdir that can be created and written'
+    ) from None
+
+
+def _locked(path: str, workdir: str):
+  """`path` opened and flocked, or WorkdirError naming the holder it names."""
+  while True:
+    f = open(path, 'a+')
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      f.seek(0)
+      holder = f.read().strip() or 'a run'
+      f.close()
+      raise WorkdirError(
+          f'the workdir {workdir} is in use by {holder} (it holds {path}): '
+          'wait for it to end, or use another --workdir'
+      ) from None
+    try:
+      if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+        return f
+    except FileNotFoundError:
+      pass
+    f.close()  # Its holder removed it as this process opened it: again.
+
+
+@contextlib.contextmanager
+def exclusive(workdir: str, hold: bool = True):
+  """Holds `workdir` for this process, or raises WorkdirError naming its holder.
+
+  An flock on `<workdir>/run.lock`, which the system releases however the
+  process ends. The file names the holder while it runs and is removed when
+  it ends cleanly, so a file found with a name in it is a killed run's.
+  (filelock empties the file on every attempt, which would lose the name.)
+  Not for remote file systems (gs://): there, or without `hold`, nothing is
+  held.
+  """
+  if not hold or '://' in workdir:
+    yield
+    return
+  prepare(workdir)
+  path = os.path.join(workdir, LOCK_FILE)
+  with _locked(path, workdir) as f:
+    f.seek(0)
+    killed = f.read().strip()
+    if killed:
+      logging.warning(
+          'Taking over %s from %s, which ended without releasing it.',
+          path,
+          killed,
+      )
+    f.truncate(0)
+    f.write(f'process {os.getpid()} on {socket.gethostname()}\n')
+    f.flush()
+    try:
+      yield
+    finally:
+      os.remove(path)  # Before the lock is released, as the file closes.
