@@ -264,11 +264,11 @@ def closed_port() -> str:
 
 
 @pytest.fixture(scope='module')
-def pngs(mnist_files, tmp_path_factory) -> list[str]:
-  """The first 10 MNIST test images as PNG files, written by mnist_pngs."""
-  images, labels = mnist_pngs.read_test_set(mnist_files)
+def pngs(small_config, tmp_path_factory) -> list[str]:
+  """The first 10 images of TFDS' test split as PNG files, by mnist_pngs."""
+  images, labels = mnist_pngs.test_images(small_config(), 10)
   out = str(tmp_path_factory.mktemp('pngs'))
-  return mnist_pngs.write_pngs(images[:10], labels[:10], out)
+  return mnist_pngs.write_pngs(images, labels, out)
 
 
 @pytest.fixture(scope='module')
@@ -325,18 +325,18 @@ def _classify(paths, classifier, **kwargs) -> tuple[int, list[str], list[str]]:
 # Inputs.
 
 
-def test_pngs_of_mnist_are_read_as_training_reads_mnist(pngs, mnist_files):
+def test_pngs_of_mnist_are_read_as_training_reads_mnist(
+    pngs, mnist_test_images
+):
   images = np.concatenate([predict.load_input(p) for p in pngs])
-  raw, labels = mnist_pngs.read_test_set(mnist_files)
-  assert labels[:10].tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
+  seen, labels = mnist_test_images  # input_pipeline.normalize's floats.
+  # TFDS' order, not the original files' (7, 2, 1, 0, ...).
+  assert labels[:10].tolist() == [2, 0, 4, 8, 7, 6, 0, 6, 3, 1]
   assert [os.path.basename(p) for p in pngs[:2]] == [
-      'test_00000_label_7.png',
-      'test_00001_label_2.png',
+      'test_00000_label_2.png',
+      'test_00001_label_0.png',
   ]
-  # input_pipeline's own normalisation of the same pixels.
-  seen = input_pipeline.to_arrays(raw[:10], labels[:10])['image']
-  seen = np.asarray(input_pipeline.normalize(seen))
-  np.testing.assert_array_equal(images, seen)
+  np.testing.assert_array_equal(images, seen[:10])
 
 
 def test_images_of_any_size_and_colour_become_28x28_grey(pngs, tmp_path):
@@ -961,7 +961,7 @@ def test_command_tls(tls_standin, certificate, pngs):
   ):
     result = _predict(*server_flags, pngs[0])
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(f'{pngs[0]}: 7 (')
+    assert result.stdout.startswith(f'{pngs[0]}: 2 (')
   for server_flags, cause in (
       (
           [f'--server={tls_standin.rest}', ca_file],

@@ -1,42 +1,78 @@
 """Writes MNIST test images as PNG files, to try predict.py on real digits.
 
-  python -m tools.mnist_pngs --mnist_dir=$MNIST_MANUAL_DIR --out=/tmp/digits --num=10
+  python -m tools.mnist_pngs --out=/tmp/digits --num=10
 
-reads the original `t10k-*-ubyte.gz` files (no TFDS, no JAX) and writes
-`test_00000_label_7.png`, ...: 28x28 8-bit grey, white digits on black, the
-very pixels that training reads, so predict.py scores them as training did.
+reads the test split as training reads it (`input_pipeline.split_arrays` of
+`config.test_split`, the test half of `input_pipeline.load`) and writes
+`test_00000_label_2.png`, ...: the index in the split read and the label;
+28x28 8-bit grey, white digits on black, the very pixels that training reads,
+so predict.py scores them as training did.
+
+`--config` and `--config.<field>=...` are main.py's, `configs/default.py`
+unless named: TFDS, prepared where `make train` prepared it (downloaded once,
+or from the original files in $MNIST_MANUAL_DIR). A run made with other data
+flags (`--config.data_dir`, `--config.data_source=idx`, ...) names them here
+too. TFDS orders the test examples its own way (its first is a 2); the other
+sources keep the original files' order (their first is a 7).
 """
 
-import gzip
+import sys
+
+import tensorflow_startup
+
+if __name__ == '__main__':  # Before the modules below import TensorFlow.
+  tensorflow_startup.quiet(sys.argv)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import os
 
 from absl import app
 from absl import flags
+from absl import logging
+import config_validation
+import input_pipeline
+import ml_collections
+from ml_collections import config_flags
 import numpy as np
 from PIL import Image
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_string(
-    'mnist_dir',
-    os.environ.get('MNIST_MANUAL_DIR'),
-    'Directory of the original MNIST files (default: $MNIST_MANUAL_DIR).',
+DEFAULT_CONFIG = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    'configs',
+    'default.py',
 )
-flags.DEFINE_string('out', None, 'Directory to write the PNG files to.')
-flags.DEFINE_integer('num', 10, 'Number of test images, from the first.')
 
 
-def read_test_set(mnist_dir: str) -> tuple[np.ndarray, np.ndarray]:
-  """The 10,000 test images `(n, 28, 28)` uint8 and labels, from the idx files.
+def define_config_flag() -> None:
+  """Defines --config, as main.py does, with configs/default.py by default.
 
-  An idx file is a big-endian header (16 bytes for images, 8 for labels)
-  followed by one unsigned byte per pixel or label.
+  Called by the programs that read the test split (this one, the serving
+  benchmark), not on import: the notebook imports this module beside main.py,
+  which defines --config itself.
   """
-  with gzip.open(os.path.join(mnist_dir, 't10k-images-idx3-ubyte.gz')) as f:
-    images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 28, 28)
-  with gzip.open(os.path.join(mnist_dir, 't10k-labels-idx1-ubyte.gz')) as f:
-    labels = np.frombuffer(f.read(), np.uint8, offset=8)
-  return images, labels
+  config_flags.DEFINE_config_file(
+      'config',
+      DEFAULT_CONFIG,
+      'The config whose test split is read (data_source, dataset, data_dir, '
+      "manual_dir, test_split): the training run's.",
+      lock_config=True,
+  )
+
+
+def test_images(
+    config: ml_collections.ConfigDict, num: int
+) -> tuple[np.ndarray, np.ndarray]:
+  """The first `num` images `(n, 28, 28)` uint8 and labels of the test split.
+
+  Read by input_pipeline from `config`'s source, as training reads them.
+  Raises config_validation.ConfigError or input_pipeline.DataError, whose
+  message is one line.
+  """
+  config_validation.validate(config)
+  test = input_pipeline.split_arrays(config, config.test_split)
+  return test['image'][:num, ..., 0], test['label'][:num]
 
 
 def write_pngs(images: np.ndarray, labels: np.ndarray, out: str) -> list[str]:
@@ -53,14 +89,21 @@ def write_pngs(images: np.ndarray, labels: np.ndarray, out: str) -> list[str]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError('Too many command-line arguments.')
-  if not FLAGS.mnist_dir:
-    raise app.UsageError('Set --mnist_dir or $MNIST_MANUAL_DIR.')
-  images, labels = read_test_set(FLAGS.mnist_dir)
-  for path in write_pngs(images[: FLAGS.num], labels[: FLAGS.num], FLAGS.out):
+  if not FLAGS['verbosity'].present:  # JAX's and TFDS' INFO lines.
+    logging.set_verbosity(logging.WARNING)
+  try:
+    images, labels = test_images(FLAGS.config, FLAGS.num)
+  except (config_validation.ConfigError, input_pipeline.DataError) as e:
+    sys.exit(f'error: {e}')
+  for path in write_pngs(images, labels, FLAGS.out):
     print(path)
 
 
 if __name__ == '__main__':
-  # Here, not on import: importing the module (its tests) needs no flags.
+  # Here, not on import: importing the module (the notebook, the tests)
+  # defines no flags.
+  define_config_flag()
+  flags.DEFINE_string('out', None, 'Directory to write the PNG files to.')
+  flags.DEFINE_integer('num', 10, 'Number of test images, from the first.')
   flags.mark_flags_as_required(['out'])
   app.run(main)

@@ -1,11 +1,11 @@
 """Latency and throughput of the exported SavedModel, in TensorFlow alone.
 
-  python -m tools.serving_benchmark --model=$HOME/mnist/export/mnist \
-      --mnist_dir=$MNIST_MANUAL_DIR
+  python -m tools.serving_benchmark --model=$HOME/mnist/export/mnist
 
 What TF Serving adds (the network, request parsing) is not in these figures:
 they are the model's share of a request. For each signature, the float one on
-prepared images and the bytes one on MNIST test digits as PNG files: the
+prepared images and the bytes one on MNIST test digits as PNG files (the
+test split of --config, as tools/mnist_pngs.py reads it): the
 latency of one image (p50 and p99 over --calls calls, after warm-up calls as
 TF Serving's warm-up file makes) and the throughput of batches of --batch.
 One JSON object per signature, then one about the machine.
@@ -27,13 +27,15 @@ import time
 
 from absl import app
 from absl import flags
+import config_validation
+import input_pipeline
 import numpy as np
 from PIL import Image
 import predict
 import tensorflow as tf
 from tools import mnist_pngs
 
-FLAGS = flags.FLAGS  # --mnist_dir is tools.mnist_pngs' flag.
+FLAGS = flags.FLAGS  # --config is tools.mnist_pngs' flag.
 
 flags.DEFINE_string(
     'model',
@@ -47,10 +49,9 @@ flags.DEFINE_integer('batch_calls', 20, 'Timed calls of --batch images.')
 WARMUP_CALLS = 5
 
 
-def inputs(mnist_dir: str, n: int) -> dict[str, tuple[str, np.ndarray]]:
+def inputs(config, n: int) -> dict[str, tuple[str, np.ndarray]]:
   """The first `n` test digits per signature: its input name and the batch."""
-  images, _ = mnist_pngs.read_test_set(mnist_dir)
-  images = images[:n]
+  images, _ = mnist_pngs.test_images(config, n)
   encoded = []
   for image in images:
     buffer = io.BytesIO()
@@ -109,19 +110,22 @@ def machine() -> dict:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError('Too many command-line arguments.')
-  if not FLAGS.mnist_dir:
-    raise app.UsageError('Set --mnist_dir or $MNIST_MANUAL_DIR.')
   try:
     path = predict.find_saved_model(FLAGS.model)
   except predict.InputError as e:
     sys.exit(f'error: --model={FLAGS.model}: {e}')
+  try:
+    batches = inputs(FLAGS.config, FLAGS.batch)
+  except (config_validation.ConfigError, input_pipeline.DataError) as e:
+    sys.exit(f'error: {e}')
   signatures = tf.saved_model.load(path).signatures
-  for signature, (name, batch) in inputs(FLAGS.mnist_dir, FLAGS.batch).items():
+  for signature, (name, batch) in batches.items():
     result = measure(signatures[signature], name, batch)
     print(json.dumps({'signature': signature, **result}), flush=True)
   print(json.dumps({'saved_model': path, **machine()}))
 
 
 if __name__ == '__main__':
+  mnist_pngs.define_config_flag()
   flags.mark_flags_as_required(['model'])
   app.run(main)

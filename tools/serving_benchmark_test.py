@@ -9,7 +9,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_prints_latency_and_throughput_per_signature(
-    trained_export, mnist_files
+    trained_export, mnist_data_dir
 ):
   result = subprocess.run(
       [
@@ -17,7 +17,7 @@ def test_prints_latency_and_throughput_per_signature(
           '-m',
           'tools.serving_benchmark',
           f'--model={os.path.dirname(trained_export)}',
-          f'--mnist_dir={mnist_files}',
+          f'--config.data_dir={mnist_data_dir}',
           '--calls=10',
           '--batch=8',
           '--batch_calls=2',
@@ -40,14 +40,14 @@ def test_prints_latency_and_throughput_per_signature(
   assert rows[2]['saved_model'] == trained_export
 
 
-def test_a_directory_without_a_model_is_one_line(tmp_path, mnist_files):
+def test_a_directory_without_a_model_is_one_line(tmp_path, mnist_data_dir):
   result = subprocess.run(
       [
           sys.executable,
           '-m',
           'tools.serving_benchmark',
           f'--model={tmp_path}',
-          f'--mnist_dir={mnist_files}',
+          f'--config.data_dir={mnist_data_dir}',
       ],
       capture_output=True,
       text=True,

@@ -10,5 +10,5 @@ trap 'rm -rf "$workdir"' EXIT
 "$python" main.py --workdir="$workdir" --config=configs/fast.py \
     --config.data_source=idx --config.train_split='train[:4096]' \
     --config.test_split='test[:1000]' 2>&1 | grep -E 'epoch:|Exported|error'
-"$python" -m tools.mnist_pngs --out="$workdir/digits" --num=5 > /dev/null
+"$python" -m tools.mnist_pngs --config.data_source=idx --out="$workdir/digits" --num=5 > /dev/null
 "$python" predict.py --saved_model="$workdir/export/mnist" "$workdir"/digits/*.png
