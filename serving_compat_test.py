@@ -1,7 +1,7 @@
 """The export runs on the TensorFlow of the newest TF Serving image.
 
 TF Serving is built on one TensorFlow: `tensorflow/serving:2.20.0` on 2.20.0,
-the oldest that runs this export (README.md, "Serving"). The test installs
+the oldest that runs this export (docs/serving.md). The test installs
 `tensorflow-cpu==2.20.0` into a virtual environment of its own (with
 `tensorflow-serving-api` for its protos, without its dependencies), kept in
 the temporary directory across runs: PyPI is needed the first time. There,
