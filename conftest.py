@@ -147,10 +147,10 @@ def trained_model(small_config):
         model,
         optimizer,
         train.create_metrics(),
-        data,
-        order,
-        parallel.create_mesh(),
-        config,
+        data=data,
+        order=order,
+        mesh=parallel.create_mesh(),
+        steps_per_call=config.steps_per_call,
     )
   model.eval()
   return model

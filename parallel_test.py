@@ -129,8 +129,10 @@ metrics = train.create_metrics()
 objects = (model, optimizer, metrics)
 nnx.update(objects, parallel.replicate(nnx.state(objects), mesh))
 with cpu_levers.applied(config, model):
-  config.steps_per_call = 2
-  train.train_epoch(model, optimizer, metrics, data, order, mesh, config)
+  train.train_epoch(
+      model, optimizer, metrics, data=data, order=order, mesh=mesh,
+      steps_per_call=2,
+  )
 params = parallel.local_copy(nnx.state(model, nnx.Param))
 print(json.dumps({
     'processes': jax.process_count(), 'devices': jax.device_count(),

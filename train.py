@@ -161,11 +161,12 @@ def train_epoch(
     model,
     optimizer,
     metrics,
+    *,
     data,
     order,
     mesh,
-    config,
-    step=0,
+    steps_per_call: int,
+    step: int = 0,
     on_steps=lambda step: None,
     stop=lambda: False,
 ) -> int:
@@ -173,8 +174,8 @@ def train_epoch(
 
   `order` holds `(steps, batch / process count)` indices into `data`; each
   process passes its own, and every step trains on the union of their
-  batches. `step` is the run's global step at `order[0]`.
-  `config.steps_per_call` steps run per dispatch, their batches gathered on the host. After each
+  batches. `step` is the run's global step at `order[0]`. `steps_per_call`
+  steps run per dispatch, their batches gathered on the host. After each
   dispatch has finished, its losses are checked (a NaN would otherwise
   spread silently through the rest of the run), `on_steps(step)` is called
   with the global step reached, and `stop()` is asked whether to stop
@@ -194,7 +195,7 @@ def train_epoch(
   done = 0
   try:
     while done < len(order):
-      chunk = order[done : done + config.steps_per_call]
+      chunk = order[done : done + steps_per_call]
       batches = parallel.global_batches(
           mesh, {k: v[chunk] for k, v in data.items()}
       )
@@ -345,13 +346,13 @@ def train_and_evaluate(
       try:
         step = train_epoch(
             *objects,
-            train_data,
-            order,
-            mesh,
-            config,
-            step,
-            on_steps,
-            agreed_stop,
+            data=train_data,
+            order=order,
+            mesh=mesh,
+            steps_per_call=config.steps_per_call,
+            step=step,
+            on_steps=on_steps,
+            stop=agreed_stop,
         )
       except NonFiniteLoss as e:
         raise TrainingError(run.diverged(e.loss, e.step + 1)) from None

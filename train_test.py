@@ -71,7 +71,13 @@ def test_fast_steps_match_the_straightforward_loop(small_config):
   with cpu_levers.applied(config, model):
     config.steps_per_call = 3
     train.train_epoch(
-        model, optimizer, metrics, data, order, parallel.create_mesh(), config
+        model,
+        optimizer,
+        metrics,
+        data=data,
+        order=order,
+        mesh=parallel.create_mesh(),
+        steps_per_call=config.steps_per_call,
     )
   got, want = nnx.state(model), nnx.state(expected)
   for (path, a), (_, b) in zip(

@@ -83,7 +83,15 @@ def _time_variant(name: str, steps: int) -> float:
 
     def run(o):  # One dispatch of all of `o`.
       config.steps_per_call = len(o)
-      train.train_epoch(model, optimizer, metrics, data, o, mesh, config)
+      train.train_epoch(
+          model,
+          optimizer,
+          metrics,
+          data=data,
+          order=o,
+          mesh=mesh,
+          steps_per_call=config.steps_per_call,
+      )
 
   else:
     step = nnx.jit(train.train_step)
