@@ -25,8 +25,8 @@ import time
 import urllib.error
 import urllib.request
 
+import classifiers
 import grpc
-import input_pipeline
 import numpy as np
 from PIL import Image
 import predict
@@ -380,7 +380,7 @@ def test_arrays_of_one_or_many_images(tmp_path, shape):
 )
 def test_bad_arrays_are_rejected(tmp_path, array, cause):
   np.save(tmp_path / 'a.npy', array)
-  with pytest.raises(predict.InputError, match=re.escape(cause)):
+  with pytest.raises(classifiers.InputError, match=re.escape(cause)):
     predict.load_input(str(tmp_path / 'a.npy'))
 
 
@@ -392,7 +392,7 @@ def test_saved_model_classifier_predicts_the_jax_logits(
 ):
   images = mnist_test_images[0]
   # The model directory: the highest version is used, as TF Serving does.
-  classifier = predict.SavedModelClassifier(
+  classifier = classifiers.SavedModelClassifier(
       os.path.dirname(trained_export), 'serving_default'
   )
   outputs = classifier(images)
@@ -404,7 +404,7 @@ def test_saved_model_classifier_predicts_the_jax_logits(
 def test_rest_request_is_what_tf_serving_documents(rest_recorder, pngs):
   address, requests = rest_recorder
   del requests[:]
-  predict.RestClassifier(address, 'mnist', 'mnist_server', 10.0)(
+  classifiers.RestClassifier(address, 'mnist', 'mnist_server', 10.0)(
       predict.load_input(pngs[0])
   )
   ((method, path, headers, body),) = requests
@@ -423,7 +423,7 @@ def test_grpc_request_is_what_tf_serving_documents(grpc_recorder, pngs):
   address, requests = grpc_recorder
   del requests[:]
   images = np.concatenate([predict.load_input(p) for p in pngs[:3]])
-  predict.GrpcClassifier(address, 'mnist', 'mnist_server', 10.0)(images)
+  classifiers.GrpcClassifier(address, 'mnist', 'mnist_server', 10.0)(images)
   (request,) = requests
   assert request.model_spec.name == 'mnist'
   assert request.model_spec.signature_name == 'mnist_server'
@@ -445,13 +445,13 @@ def test_each_way_predicts_what_the_jax_model_does(
     bad_inputs,
 ):
   classifier = {
-      'saved_model': lambda: predict.SavedModelClassifier(
+      'saved_model': lambda: classifiers.SavedModelClassifier(
           trained_export, 'serving_default'
       ),
-      'rest': lambda: predict.RestClassifier(
+      'rest': lambda: classifiers.RestClassifier(
           rest_server, 'mnist', 'serving_default', 10.0
       ),
-      'grpc': lambda: predict.GrpcClassifier(
+      'grpc': lambda: classifiers.GrpcClassifier(
           grpc_server, 'mnist', 'serving_default', 10.0
       ),
   }[way]()
@@ -472,13 +472,13 @@ def test_each_way_predicts_what_the_jax_model_does(
 
 def _classifiers(way, trained_export, rest_server, grpc_server, signature):
   return {
-      'saved_model': lambda: predict.SavedModelClassifier(
+      'saved_model': lambda: classifiers.SavedModelClassifier(
           trained_export, signature
       ),
-      'rest': lambda: predict.RestClassifier(
+      'rest': lambda: classifiers.RestClassifier(
           rest_server, 'mnist', signature, 10.0
       ),
-      'grpc': lambda: predict.GrpcClassifier(
+      'grpc': lambda: classifiers.GrpcClassifier(
           grpc_server, 'mnist', signature, 10.0
       ),
   }[way]()
@@ -496,7 +496,7 @@ def test_bytes_signature_prepares_images_as_predict_does(
   assert (failures, err) == (0, [])
   rows = [json.loads(line) for line in out]
   assert [r['input'] for r in rows] == paths
-  floats = predict.SavedModelClassifier(trained_export, 'serving_default')(
+  floats = classifiers.SavedModelClassifier(trained_export, 'serving_default')(
       np.concatenate([predict.load_input(p) for p in paths])
   )
   np.testing.assert_allclose(
@@ -509,7 +509,7 @@ def test_rest_request_of_bytes_is_what_tf_serving_documents(
 ):
   address, requests = rest_recorder
   del requests[:]
-  predict.RestClassifier(address, 'mnist', 'serving_bytes', 10.0)(
+  classifiers.RestClassifier(address, 'mnist', 'serving_bytes', 10.0)(
       predict.load_input(pngs[0], as_bytes=True)
   )
   request = json.loads(requests[-1][3])
@@ -572,7 +572,7 @@ def _check_bad_inputs(classifier, pngs, bad_inputs):
 
 def test_bad_files_rest(rest_server, pngs, bad_inputs):
   _check_bad_inputs(
-      predict.RestClassifier(rest_server, 'mnist', 'serving_default', 10.0),
+      classifiers.RestClassifier(rest_server, 'mnist', 'serving_default', 10.0),
       pngs,
       bad_inputs,
   )
@@ -580,7 +580,7 @@ def test_bad_files_rest(rest_server, pngs, bad_inputs):
 
 def test_bad_files_grpc(grpc_server, pngs, bad_inputs):
   _check_bad_inputs(
-      predict.GrpcClassifier(grpc_server, 'mnist', 'serving_default', 10.0),
+      classifiers.GrpcClassifier(grpc_server, 'mnist', 'serving_default', 10.0),
       pngs,
       bad_inputs,
   )
@@ -588,8 +588,8 @@ def test_bad_files_grpc(grpc_server, pngs, bad_inputs):
 
 def test_a_server_that_does_not_answer(closed_port, pngs):
   for classifier in (
-      predict.RestClassifier(closed_port, 'mnist', 'serving_default', 5.0),
-      predict.GrpcClassifier(closed_port, 'mnist', 'serving_default', 5.0),
+      classifiers.RestClassifier(closed_port, 'mnist', 'serving_default', 5.0),
+      classifiers.GrpcClassifier(closed_port, 'mnist', 'serving_default', 5.0),
   ):
     failures, out, err = _classify(pngs[:2], classifier)
     assert (failures, out, len(err)) == (2, [], 2)
@@ -605,7 +605,7 @@ def test_a_server_that_does_not_answer_in_time(pngs):
     listener.bind(('127.0.0.1', 0))
     listener.listen()
     address = f'127.0.0.1:{listener.getsockname()[1]}'
-    classifier = predict.RestClassifier(
+    classifier = classifiers.RestClassifier(
         address, 'mnist', 'serving_default', 0.5
     )
     failures, _, err = _classify(pngs[:1], classifier)
@@ -637,11 +637,11 @@ def test_a_server_that_answers_with_an_error(
   rest_status, grpc_status = status[model_name]
   for classifier, answer in (
       (
-          predict.RestClassifier(rest_server, model_name, signature, 10.0),
+          classifiers.RestClassifier(rest_server, model_name, signature, 10.0),
           f'server {rest_server} answered {rest_status}: {cause}',
       ),
       (
-          predict.GrpcClassifier(grpc_server, model_name, signature, 10.0),
+          classifiers.GrpcClassifier(grpc_server, model_name, signature, 10.0),
           f'server {grpc_server} answered {grpc_status}: {cause}',
       ),
   ):
@@ -819,11 +819,15 @@ def test_without_xla_predict_names_the_flag(model_base_path, tmp_path, pngs):
     server.wait_until_served()
     for classifier, answer in (
         (
-            predict.RestClassifier(server.rest, 'mnist', 'mnist_server', 60.0),
+            classifiers.RestClassifier(
+                server.rest, 'mnist', 'mnist_server', 60.0
+            ),
             f'server {server.rest} answered 500',
         ),
         (
-            predict.GrpcClassifier(server.grpc, 'mnist', 'mnist_server', 60.0),
+            classifiers.GrpcClassifier(
+                server.grpc, 'mnist', 'mnist_server', 60.0
+            ),
             f'server {server.grpc} answered INTERNAL',
         ),
     ):
@@ -848,7 +852,7 @@ def test_without_xla_predict_names_the_flag(model_base_path, tmp_path, pngs):
     ],
 )
 def test_a_tensorflow_too_old_for_the_export_is_named(message):
-  assert predict._tensorflow_error(message) == (  # pylint: disable=protected-access
+  assert classifiers._tensorflow_error(message) == (  # pylint: disable=protected-access
       f'{message.splitlines()[0]}: the export needs TensorFlow 2.20 or later '
       '(a TF Serving built on it: tensorflow/serving:2.20.0 or later)'
   )
@@ -914,10 +918,10 @@ def tls_standin(model_base_path, certificate, tmp_path_factory):
 
 def _tls_classifier(way: str, server: StandIn, ca_file):
   if way == 'rest':
-    return predict.RestClassifier(
+    return classifiers.RestClassifier(
         f'https://{server.rest}', 'mnist', 'serving_default', 60.0, ca_file
     )
-  return predict.GrpcClassifier(
+  return classifiers.GrpcClassifier(
       server.grpc, 'mnist', 'serving_default', 60.0, True, ca_file
   )
 

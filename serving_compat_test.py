@@ -24,6 +24,7 @@ import export
 import filelock
 import numpy as np
 import pytest
+import serving_signatures
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_log_pb2
@@ -113,9 +114,12 @@ def _requests(version_dir: str, images: np.ndarray) -> list:
   ]
   pixels = np.round(images * 255).astype(np.uint8)
   pngs = [tf.io.encode_png(image).numpy() for image in pixels]
-  inputs = {key: (export.INPUT_NAME, images) for key in export.SIGNATURES}
-  inputs[export.BYTES_SIGNATURE] = (
-      export.BYTES_INPUT_NAME,
+  inputs = {
+      key: (serving_signatures.INPUT_NAME, images)
+      for key in serving_signatures.SIGNATURES
+  }
+  inputs[serving_signatures.BYTES_SIGNATURE] = (
+      serving_signatures.BYTES_INPUT_NAME,
       np.array(pngs, object),
   )
   for key, (name, value) in inputs.items():
@@ -156,7 +160,7 @@ def test_the_newest_serving_tensorflow_answers_as_the_project_does(
       r.predict_log.request.model_spec.signature_name for r in requests
   ]
   assert sorted(set(signatures)) == sorted(
-      export.SIGNATURES + (export.BYTES_SIGNATURE,)
+      serving_signatures.SIGNATURES + (serving_signatures.BYTES_SIGNATURE,)
   )
   path = str(tmp_path / 'requests.tfrecord')
   with tf.io.TFRecordWriter(path) as writer:

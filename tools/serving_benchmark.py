@@ -27,11 +27,12 @@ import time
 
 from absl import app
 from absl import flags
+import classifiers
 import config_validation
 import input_pipeline
 import numpy as np
 from PIL import Image
-import predict
+import serving_signatures
 import tensorflow as tf
 from tools import mnist_pngs
 
@@ -59,9 +60,9 @@ def inputs(config, n: int) -> dict[str, tuple[str, np.ndarray]]:
     encoded.append(buffer.getvalue())
   floats = (images.astype(np.float32) / 255.0)[..., None]
   return {
-      'serving_default': (predict.INPUT_NAME, floats),
-      predict.BYTES_SIGNATURE: (
-          predict.BYTES_INPUT_NAME,
+      'serving_default': (serving_signatures.INPUT_NAME, floats),
+      serving_signatures.BYTES_SIGNATURE: (
+          serving_signatures.BYTES_INPUT_NAME,
           np.array(encoded, object),
       ),
   }
@@ -111,8 +112,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError('Too many command-line arguments.')
   try:
-    path = predict.find_saved_model(FLAGS.model)
-  except predict.InputError as e:
+    path = classifiers.find_saved_model(FLAGS.model)
+  except classifiers.InputError as e:
     sys.exit(f'error: --model={FLAGS.model}: {e}')
   try:
     batches = inputs(FLAGS.config, FLAGS.batch)
