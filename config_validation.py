@@ -9,6 +9,7 @@ and the sets of names.
 import math
 import re
 
+import data_sources
 import errors
 import input_pipeline
 import jax
@@ -58,7 +59,7 @@ def _allowed(config: ml_collections.ConfigDict) -> dict[str, tuple]:
       'num_epochs': _POSITIVE_INT,
       'dropout_rate': _FRACTION,
       'data_source': _one_of(tuple(input_pipeline.SOURCES)),
-      'dataset': _one_of(input_pipeline.DATASETS),
+      'dataset': _one_of(data_sources.DATASETS),
       'data_dir': _ANY,
       'manual_dir': _ANY,
       'download_url': (

@@ -28,6 +28,7 @@ tensorflow_startup.quiet([])
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import cpu_levers
+import data_sources
 import export
 import filelock
 import input_pipeline
@@ -51,11 +52,11 @@ def mnist_files(tmp_path_factory) -> str:
   The parallel workers of pytest-xdist download them once: the lock, in the
   folder above the session's, makes the others wait for the first.
   """
-  named = os.environ.get(input_pipeline.MANUAL_DIR_ENV)
+  named = os.environ.get(data_sources.MANUAL_DIR_ENV)
   directory = named or SHARED_MNIST
   missing = [
       name + '.gz'
-      for names in input_pipeline.IDX_FILES.values()
+      for names in data_sources.IDX_FILES.values()
       for name in names
       if not os.path.isfile(os.path.join(directory, name + '.gz'))
   ]
@@ -63,7 +64,7 @@ def mnist_files(tmp_path_factory) -> str:
     return directory
   if named:  # CI names its copy: it never downloads.
     pytest.fail(
-        f'no MNIST files in ${input_pipeline.MANUAL_DIR_ENV}={named} (missing '
+        f'no MNIST files in ${data_sources.MANUAL_DIR_ENV}={named} (missing '
         f'{", ".join(missing)})',
         pytrace=False,
     )
@@ -73,7 +74,7 @@ def mnist_files(tmp_path_factory) -> str:
       return input_pipeline.download_files(
           tfds.builder('mnist'), default.get_config()
       )
-  except input_pipeline.DataError as e:
+  except data_sources.DataError as e:
     error = e  # Failed outside the handler: no chained traceback.
   pytest.fail(f'no MNIST files in {directory}, and {error}', pytrace=False)
 

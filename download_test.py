@@ -8,6 +8,7 @@ import shutil
 import socket
 import threading
 
+import data_sources
 import download
 import input_pipeline
 import pytest
@@ -130,7 +131,7 @@ def test_an_error_names_the_way_out(mirror, tmp_path):
   config.data_dir = str(tmp_path / 'tfds')
   with _serving(mirror) as url:
     config.download_url = url
-    with pytest.raises(input_pipeline.DataError) as error:
+    with pytest.raises(data_sources.DataError) as error:
       input_pipeline.get_builder(config)
   assert str(error.value) == (
       f'cannot download {url}t10k-labels-idx1-ubyte.gz (HTTP Error 404: File '

@@ -1,92 +1,33 @@
 """MNIST input pipeline: every source of the data converges to the same arrays.
 
 `load(config)` reads the training and test splits of `config.dataset` from
-`config.data_source` and returns each whole, as `Arrays`. Whatever the source,
-the recipe is the same: get the source's uint8 images and integer labels as
-NumPy arrays, then `to_arrays` makes them uint8 `(N, 28, 28, 1)` and int32
-labels, so the training loop never depends on where the data came from.
-The pixels stay uint8 (a quarter of float32's memory) until `normalize`
-makes them floats in [0, 1], inside the jitted step.
+`config.data_source` and returns each whole, as `data_sources.Arrays`: uint8
+images `(N, 28, 28, 1)` and int32 labels, so the training loop never depends
+on where the data came from. The pixels stay uint8 (a quarter of float32's
+memory) until `normalize` makes them floats in [0, 1], inside the jitted step.
 
-- `tfds` (default): TFDS prepares the data set once in its `data_dir`.
-  Offline, it prepares it from the four original `*-ubyte.gz` files in a
-  manual directory, checking them against the checksums it registers; online,
-  with no manual directory, it downloads the same files itself.
-- `hf`: Hugging Face `datasets`, from the Hub or offline from a `save_to_disk`
-  directory or parquet files.
-- `torchvision`: `torchvision.datasets.MNIST` (an optional extra: PyTorch).
-- `idx`: the four original files read with NumPy alone.
+The default source, TFDS, is here: TFDS prepares the data set once in its
+`data_dir`, from the four original `*-ubyte.gz` files of a manual directory
+or of a download (download.py), checking them against the checksums it
+registers. The other sources (idx, hf, torchvision) are in data_sources.py.
+Then: the splits' syntax, each process's share, epoch orders and evaluation
+batches.
 """
 
-import glob
-import gzip
-import importlib.util
 import os
 import re
-import subprocess
-import sys
 import tempfile
 import zlib
 
 from absl import logging
+import data_sources
 import download
-import errors
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.download import download_manager
-
-# Environment variable naming the manual directory of MNIST when the config
-# does not (it holds MNIST's files: other data sets do not read it).
-MANUAL_DIR_ENV = 'MNIST_MANUAL_DIR'
-
-# The data sets: 28x28 grey images in ten classes, with the same file names.
-DATASETS = ('mnist', 'fashion_mnist')
-
-# The idx source's directory when config.manual_dir names none: Debian's
-# package dataset-fashion-mnist installs Fashion-MNIST's files here.
-DEFAULT_IDX_DIRS = {'fashion_mnist': '/usr/share/datasets/fashion-mnist'}
-
-# The data sets on the Hugging Face Hub, and their torchvision classes.
-HF_NAMES = {
-    'mnist': 'ylecun/mnist',
-    'fashion_mnist': 'zalando-datasets/fashion_mnist',
-}
-TORCHVISION_CLASSES = {'mnist': 'MNIST', 'fashion_mnist': 'FashionMNIST'}
-
-# The original files of each split: images, then labels.
-IDX_FILES = {
-    'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
-    'test': ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte'),
-}
-
-# A split or a batch: uint8 'image' (N, 28, 28, 1), int32 'label'.
-Arrays = dict[str, np.ndarray]
-
-
-class DataError(errors.UserError):
-  """The data set cannot be prepared; the message is one line for the user."""
-
-
-def to_arrays(images, labels) -> Arrays:
-  """uint8 images `(N, 28, 28[, 1])` and integer labels as `Arrays`."""
-  images, labels = np.asarray(images), np.asarray(labels)
-  if images.dtype != np.uint8 or images.shape[1:] not in (
-      (28, 28),
-      (28, 28, 1),
-  ):
-    raise DataError(
-        f'expected uint8 images of 28x28 pixels, got {images.dtype} {images.shape}'
-    )
-  if len(labels) != len(images):
-    raise DataError(f'{len(images)} images but {len(labels)} labels')
-  return {
-      'image': images.reshape(-1, 28, 28, 1),
-      'label': labels.astype(np.int32),
-  }
-
 
 # Pixel value k as a float: k / 255, rounded as tf.data's
 # `tf.cast(image, tf.float32) / 255.0` rounds it.
@@ -112,18 +53,10 @@ def get_builder(config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
 
 def manual_dir(config: ml_collections.ConfigDict, builder) -> tuple[str, bool]:
   """Returns TFDS' manual directory and whether the user named it."""
-  named = _named_manual_dir(config)
+  named = data_sources.named_manual_dir(config)
   if named:
     return named, True
   return os.path.join(builder.data_dir_root, 'downloads', 'manual'), False
-
-
-def _named_manual_dir(config: ml_collections.ConfigDict) -> str:
-  """config.manual_dir, else $MNIST_MANUAL_DIR for MNIST, else ''."""
-  named = config.manual_dir
-  if not named and config.dataset == 'mnist':
-    named = os.environ.get(MANUAL_DIR_ENV, '')
-  return os.path.expanduser(named)
 
 
 def _prepare(builder, config: ml_collections.ConfigDict) -> None:
@@ -143,9 +76,10 @@ def _prepare(builder, config: ml_collections.ConfigDict) -> None:
       f for f in expected if not os.path.isfile(os.path.join(directory, f))
   ]
   if missing:
-    raise DataError(
+    raise data_sources.DataError(
         f'{directory}: missing {", ".join(missing)} ({config.dataset} needs '
-        f'{", ".join(expected)}; set config.manual_dir or ${MANUAL_DIR_ENV})'
+        f'{", ".join(expected)}; set config.manual_dir or '
+        f'${data_sources.MANUAL_DIR_ENV})'
     )
   try:
     # From the files alone: no look for a prepared copy on GCS either.
@@ -156,7 +90,7 @@ def _prepare(builder, config: ml_collections.ConfigDict) -> None:
     )
   except download_manager.NonMatchingChecksumError as e:
     bad = [f for f in expected if f in str(e)] or ['a file']
-    raise DataError(
+    raise data_sources.DataError(
         f'{directory}: {bad[0]} does not match the size and SHA-256 that TFDS '
         f'registers for {config.dataset}: the file is corrupt, truncated or '
         'recompressed; replace it with the original, or read the files with '
@@ -180,9 +114,11 @@ def download_files(builder, config: ml_collections.ConfigDict) -> str:
     names = sorted(info.filename for info in builder.url_infos.values())
     where = os.path.dirname(min(builder.url_infos))
     named_by = 'config.manual_dir' + (
-        f' or ${MANUAL_DIR_ENV}' if config.dataset == 'mnist' else ''
+        f' or ${data_sources.MANUAL_DIR_ENV}'
+        if config.dataset == 'mnist'
+        else ''
     )
-    raise DataError(
+    raise data_sources.DataError(
         f'{e}; offline, put the four original files ({", ".join(names)}; '
         f'published at {where}/) in a directory and name it in {named_by} '
         "for TFDS to prepare, or read them from there with data_source='idx'"
@@ -195,7 +131,9 @@ def num_examples(builder, split: str) -> int:
   return builder.info.splits[split].num_examples
 
 
-def from_tfds(config: ml_collections.ConfigDict, split: str) -> Arrays:
+def from_tfds(
+    config: ml_collections.ConfigDict, split: str
+) -> data_sources.Arrays:
   """`split` (any TFDS split or slice) from TFDS, prepared offline if need be.
 
   `batch_size=-1` reads the whole split as one batch of uint8 tensors: no
@@ -207,7 +145,7 @@ def from_tfds(config: ml_collections.ConfigDict, split: str) -> Arrays:
   if cached is not None:
     return cached
   data = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
-  arrays = to_arrays(data['image'], data['label'])
+  arrays = data_sources.to_arrays(data['image'], data['label'])
   _cache_arrays(builder, split, arrays)
   return arrays
 
@@ -223,7 +161,7 @@ def _array_cache_path(builder, split) -> str:
   return os.path.join(builder.data_dir, 'arrays', f'{name}-{digest:08x}.npz')
 
 
-def _cached_arrays(builder, split) -> Arrays | None:
+def _cached_arrays(builder, split) -> data_sources.Arrays | None:
   """The arrays saved by `_cache_arrays`, if they match TFDS' split sizes."""
   path = _array_cache_path(builder, split)
   if not os.path.isfile(path):
@@ -235,7 +173,7 @@ def _cached_arrays(builder, split) -> Arrays | None:
   return arrays
 
 
-def _cache_arrays(builder, split, arrays: Arrays) -> None:
+def _cache_arrays(builder, split, arrays: data_sources.Arrays) -> None:
   """Saves `arrays` for `_cached_arrays`, if TFDS' directory is local.
 
   Written to a temporary name, then renamed: a run killed meanwhile leaves
@@ -256,159 +194,12 @@ def _cache_arrays(builder, split, arrays: Arrays) -> None:
     logging.warning('Not caching %s arrays of %s: %s', split, builder.name, e)
 
 
-def read_idx(path: str, ndim: int) -> np.ndarray:
-  """One IDX file of unsigned bytes (gzipped or not), its header checked.
-
-  IDX: a big-endian magic number 0x0800 + ndim (0x08 for unsigned bytes),
-  ndim big-endian 32-bit sizes, then the bytes, row-major.
-  """
-  try:
-    with (gzip.open if path.endswith('.gz') else open)(path, 'rb') as f:
-      data = f.read()
-  except (OSError, EOFError, zlib.error) as e:
-    raise DataError(
-        f'{path}: cannot be read, truncated or corrupt? ({e})'
-    ) from None
-  header = 4 + 4 * ndim
-  magic = int.from_bytes(data[:4], 'big')
-  if len(data) < header or magic != 0x800 + ndim:
-    raise DataError(
-        f'{path}: not an IDX file of {ndim}-dimensional unsigned bytes (magic '
-        f'number {magic:#x}, expected {0x800 + ndim:#x})'
-    )
-  shape = tuple(int(n) for n in np.frombuffer(data, '>u4', ndim, 4))
-  if len(data) != header + np.prod(shape):
-    raise DataError(
-        f'{path}: {len(data)} bytes, but its header says {shape}, '
-        f'{header + np.prod(shape)} bytes: the file is truncated or not IDX'
-    )
-  return np.frombuffer(data, np.uint8, offset=header).reshape(shape)
-
-
-def idx_dir(config: ml_collections.ConfigDict) -> str:
-  """The directory of the original files: the manual directory, or a default."""
-  directory = _named_manual_dir(config) or DEFAULT_IDX_DIRS.get(config.dataset)
-  if not directory:
-    raise DataError(
-        f'no directory of the original {config.dataset} files: set '
-        f'config.manual_dir or ${MANUAL_DIR_ENV}'
-    )
-  return directory
-
-
-def from_idx(config: ml_collections.ConfigDict, split: str) -> Arrays:
-  """`split` ('train' or 'test') from the original files, `*-ubyte[.gz]`."""
-  directory = idx_dir(config)
-  arrays = []
-  for name, ndim in zip(IDX_FILES[split], (3, 1)):
-    paths = [os.path.join(directory, name + ext) for ext in ('.gz', '')]
-    path = next((p for p in paths if os.path.isfile(p)), None)
-    if not path:
-      raise DataError(f'{directory}: missing {name}.gz (or {name})')
-    arrays.append(read_idx(path, ndim))
-  return to_arrays(*arrays)
-
-
-def hf_arrays(dataset) -> Arrays:
-  """A Hugging Face `Dataset` of 'image' and 'label' as `Arrays`.
-
-  In NumPy format the whole column is one array read: an `Array2D` image
-  column straight from Arrow, an `Image` column (PNG bytes, as on the Hub)
-  decoded in one call. uint8 asks the formatter not to widen the pixels to
-  int64 first.
-  """
-  data = dataset.with_format(
-      'numpy', columns=['image', 'label'], dtype=np.uint8
-  )[:]
-  return to_arrays(data['image'], data['label'])
-
-
-def from_hf(config: ml_collections.ConfigDict, split: str) -> Arrays:
-  """`split` from Hugging Face datasets.
-
-  `config.data_dir` is a `save_to_disk` directory, or a directory of parquet
-  files named `<split>-*.parquet` (as in a copy of the Hub's repository);
-  empty, `load_dataset` reads the Hub (or its cache, offline).
-  """
-  try:
-    import datasets  # pylint: disable=g-import-not-at-top
-    from pyarrow import parquet  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise DataError(
-        "data_source 'hf' needs Hugging Face datasets: the hf extra, "
-        'uv sync --extra hf (make installs it), or pip install datasets'
-    ) from None
-  directory = os.path.expanduser(config.data_dir)
-  if not directory:
-    return hf_arrays(
-        datasets.load_dataset(HF_NAMES[config.dataset], split=split)
-    )
-  if os.path.isfile(os.path.join(directory, 'dataset_dict.json')):
-    return hf_arrays(datasets.load_from_disk(directory)[split])
-  pattern = os.path.join(directory, '**', f'{split}-*.parquet')
-  files = sorted(glob.glob(pattern, recursive=True))
-  if not files:
-    raise DataError(
-        f'{directory}: neither a save_to_disk directory nor {split}-*.parquet files'
-    )
-  # In memory: no copy of the files in the Hugging Face cache.
-  return hf_arrays(datasets.Dataset(parquet.read_table(files)))
-
-
-# torchvision imports triton (through torch._dynamo), and importing triton
-# after TensorFlow aborts the process: both bring their own LLVM. So
-# torchvision reads the files in a process of its own, without TensorFlow.
-# argv: root, dataset class, split, output .npz.
-_TORCHVISION_READER = """
-import sys
-import numpy as np
-from torchvision import datasets
-root, name, split, out = sys.argv[1:]
-try:
-  dataset = getattr(datasets, name)(root, train=split == 'train', download=True)
-except (OSError, RuntimeError) as e:
-  sys.exit(' '.join(str(e).split()))
-np.savez(out, images=dataset.data.numpy(), labels=dataset.targets.numpy())
-"""
-
-
-def from_torchvision(config: ml_collections.ConfigDict, split: str) -> Arrays:
-  """`split` from torchvision, reading the dataset's `.data` and `.targets`.
-
-  torchvision is optional (it brings PyTorch): the `torchvision` extra.
-  `config.data_dir` is its root ('' is ~/torchvision_datasets); torchvision
-  downloads the files into `<root>/MNIST/raw` unless they are there.
-  """
-  if importlib.util.find_spec('torchvision') is None:
-    raise DataError(
-        "data_source 'torchvision' needs torchvision, which brings PyTorch: "
-        'uv sync --extra torchvision, or pip install torchvision'
-    )
-  root = os.path.expanduser(config.data_dir or '~/torchvision_datasets')
-  with tempfile.TemporaryDirectory() as directory:
-    out = os.path.join(directory, 'arrays.npz')
-    name = TORCHVISION_CLASSES[config.dataset]
-    result = subprocess.run(
-        [sys.executable, '-c', _TORCHVISION_READER, root, name, split, out],
-        capture_output=True,
-        text=True,
-    )
-    if result.returncode:
-      lines = result.stderr.strip().splitlines()
-      raise DataError(
-          f'{root}: torchvision cannot read or download {config.dataset}: '
-          f'{lines[-1] if lines else f"exit status {result.returncode}"}'
-      )
-    with np.load(out) as arrays:
-      return to_arrays(arrays['images'], arrays['labels'])
-
-
 # data_source: a function (config, split) -> Arrays.
 SOURCES = {
     'tfds': from_tfds,
-    'hf': from_hf,
-    'torchvision': from_torchvision,
-    'idx': from_idx,
+    'hf': data_sources.from_hf,
+    'torchvision': data_sources.from_torchvision,
+    'idx': data_sources.from_idx,
 }
 
 # The splits of both data sets; the non-TFDS sources read one, optionally
@@ -444,7 +235,9 @@ def _bound(bound: str | None, n: int) -> int | None:
   return None if bound is None else int(bound)
 
 
-def split_arrays(config: ml_collections.ConfigDict, split: str) -> Arrays:
+def split_arrays(
+    config: ml_collections.ConfigDict, split: str
+) -> data_sources.Arrays:
   """`split` of `config.dataset` from `config.data_source`.
 
   TFDS reads any TFDS split. The other sources read 'train' or 'test', or a
@@ -461,7 +254,9 @@ def split_arrays(config: ml_collections.ConfigDict, split: str) -> Arrays:
   return {k: v[part].copy() for k, v in arrays.items()}
 
 
-def load(config: ml_collections.ConfigDict) -> tuple[Arrays, Arrays]:
+def load(
+    config: ml_collections.ConfigDict,
+) -> tuple[data_sources.Arrays, data_sources.Arrays]:
   """This process's share of the training split, and the whole test split.
 
   With several JAX processes (hosts), each trains on its own share of the
@@ -476,7 +271,7 @@ def load(config: ml_collections.ConfigDict) -> tuple[Arrays, Arrays]:
   return train, split_arrays(config, config.test_split)
 
 
-def _process_share(arrays: Arrays) -> Arrays:
+def _process_share(arrays: data_sources.Arrays) -> data_sources.Arrays:
   """This JAX process's contiguous share of `arrays`, as TFDS would split it."""
   share = len(arrays['label']) // jax.process_count()
   start = jax.process_index() * share
@@ -507,7 +302,9 @@ def epoch_order(
   return order[: steps * batch_size].reshape(steps, batch_size).astype(np.int32)
 
 
-def eval_batches(arrays: Arrays, batch_size: int) -> Arrays:
+def eval_batches(
+    arrays: data_sources.Arrays, batch_size: int
+) -> data_sources.Arrays:
   """Every example once, in `(batches, batch_size, ...)` arrays with a 'mask'.
 
   The last batch is padded with zeros; the mask is False on the padding, so

@@ -9,6 +9,7 @@ import shutil
 import sys
 
 from configs import default
+import data_sources
 import input_pipeline
 import jax
 import numpy as np
@@ -129,9 +130,9 @@ def test_unwritable_array_cache_warns_and_loads(
 
 
 def test_manual_dir_comes_from_the_environment(monkeypatch, tmp_path):
-  monkeypatch.setenv(input_pipeline.MANUAL_DIR_ENV, str(tmp_path))
+  monkeypatch.setenv(data_sources.MANUAL_DIR_ENV, str(tmp_path))
   config = _config(data_dir=str(tmp_path / 'tfds'))
-  with pytest.raises(input_pipeline.DataError, match=str(tmp_path)):
+  with pytest.raises(data_sources.DataError, match=str(tmp_path)):
     input_pipeline.get_builder(config)
 
 
@@ -140,7 +141,7 @@ def test_missing_file_names_directory_and_file(copy_of_mnist_files, tmp_path):
   config = _config(
       data_dir=str(tmp_path / 'tfds'), manual_dir=copy_of_mnist_files
   )
-  with pytest.raises(input_pipeline.DataError) as error:
+  with pytest.raises(data_sources.DataError) as error:
     input_pipeline.get_builder(config)
   message = str(error.value)
   assert '\n' not in message
@@ -156,7 +157,7 @@ def test_corrupt_file_names_directory_and_file(copy_of_mnist_files, tmp_path):
   config = _config(
       data_dir=str(tmp_path / 'tfds'), manual_dir=copy_of_mnist_files
   )
-  with pytest.raises(input_pipeline.DataError) as error:
+  with pytest.raises(data_sources.DataError) as error:
     input_pipeline.get_builder(config)
   message = str(error.value)
   assert '\n' not in message
@@ -181,8 +182,8 @@ def small_files(mnist_files, tmp_path):
   directory = tmp_path / 'small'
   directory.mkdir()
   for split, size in (('train', 300), ('test', 100)):
-    for name, ndim in zip(input_pipeline.IDX_FILES[split], (3, 1)):
-      full = input_pipeline.read_idx(
+    for name, ndim in zip(data_sources.IDX_FILES[split], (3, 1)):
+      full = data_sources.read_idx(
           os.path.join(mnist_files, name + '.gz'), ndim
       )
       _write_idx(directory / (name + '.gz'), full[:size])
@@ -219,9 +220,9 @@ def test_hf_sources_give_the_idx_arrays(small_files, tmp_path):
   idx = _config(data_source='idx', manual_dir=small_files)
   raw = {}
   for split in ('train', 'test'):
-    names = input_pipeline.IDX_FILES[split]
+    names = data_sources.IDX_FILES[split]
     raw[split] = [
-        input_pipeline.read_idx(os.path.join(small_files, n + '.gz'), d)
+        data_sources.read_idx(os.path.join(small_files, n + '.gz'), d)
         for n, d in zip(names, (3, 1))
     ]
   label = datasets.ClassLabel(num_classes=10)
@@ -253,7 +254,7 @@ def test_hf_sources_give_the_idx_arrays(small_files, tmp_path):
     config = _config(data_source='hf', data_dir=str(tmp_path / directory))
     for actual, wanted in zip(input_pipeline.load(config), expected):
       _assert_same(actual, wanted)
-  _assert_same(input_pipeline.hf_arrays(arrays['test']), expected[1])
+  _assert_same(data_sources.hf_arrays(arrays['test']), expected[1])
 
 
 def test_torchvision_source_gives_the_idx_arrays(small_files, tmp_path):
@@ -280,7 +281,7 @@ def test_torchvision_source_gives_the_idx_arrays(small_files, tmp_path):
 
 def test_missing_torchvision_says_how_to_install_it(monkeypatch):
   monkeypatch.setitem(sys.modules, 'torchvision', None)  # Import fails.
-  with pytest.raises(input_pipeline.DataError, match='pip install torchvision'):
+  with pytest.raises(data_sources.DataError, match='pip install torchvision'):
     input_pipeline.load(_config(data_source='torchvision'))
 
 
@@ -321,9 +322,7 @@ def test_truncated_idx_file_is_named(small_files):
   path = os.path.join(small_files, 'train-images-idx3-ubyte.gz')
   with open(path, 'r+b') as f:
     f.truncate(1000)
-  with pytest.raises(
-      input_pipeline.DataError, match=f'^{path}: cannot be read'
-  ):
+  with pytest.raises(data_sources.DataError, match=f'^{path}: cannot be read'):
     input_pipeline.load(_config(data_source='idx', manual_dir=small_files))
 
 
@@ -331,10 +330,10 @@ def test_short_idx_file_is_named(tmp_path):
   path = tmp_path / 'images'
   path.write_bytes(np.array([0x803, 5, 28, 28], '>u4').tobytes() + bytes(100))
   with pytest.raises(
-      input_pipeline.DataError,
+      data_sources.DataError,
       match=f'^{path}: 116 bytes, but its header says .5, 28, 28., 3936 bytes',
   ):
-    input_pipeline.read_idx(str(path), 3)
+    data_sources.read_idx(str(path), 3)
 
 
 def test_wrong_idx_file_is_named(small_files):
@@ -342,7 +341,7 @@ def test_wrong_idx_file_is_named(small_files):
   images = os.path.join(small_files, 'train-images-idx3-ubyte.gz')
   os.replace(os.path.join(small_files, 'train-labels-idx1-ubyte.gz'), images)
   with pytest.raises(
-      input_pipeline.DataError,
+      data_sources.DataError,
       match=f'^{images}: not an IDX file of 3-dimensional unsigned bytes '
       r'\(magic number 0x801, expected 0x803\)$',
   ):
@@ -352,18 +351,18 @@ def test_wrong_idx_file_is_named(small_files):
 def test_missing_idx_file_is_named(small_files):
   os.remove(os.path.join(small_files, 't10k-labels-idx1-ubyte.gz'))
   with pytest.raises(
-      input_pipeline.DataError,
+      data_sources.DataError,
       match=f'^{small_files}: missing t10k-labels-idx1-ubyte.gz',
   ):
     input_pipeline.load(_config(data_source='idx', manual_dir=small_files))
 
 
 def test_fashion_mnist_from_debian_package(monkeypatch, mnist_files):
-  directory = input_pipeline.DEFAULT_IDX_DIRS['fashion_mnist']
+  directory = data_sources.DEFAULT_IDX_DIRS['fashion_mnist']
   if not os.path.isdir(directory):
     pytest.skip(f'no {directory}: apt-get install dataset-fashion-mnist')
   # $MNIST_MANUAL_DIR holds MNIST: Fashion-MNIST does not read it.
-  monkeypatch.setenv(input_pipeline.MANUAL_DIR_ENV, mnist_files)
+  monkeypatch.setenv(data_sources.MANUAL_DIR_ENV, mnist_files)
   train, test = input_pipeline.load(
       _config(data_source='idx', dataset='fashion_mnist')
   )

@@ -41,6 +41,7 @@ PHASES = {
     'download': 'downloading the data set',
     'tensorflow_datasets': 'preparing the data set',
     'input_pipeline': 'reading the data',
+    'data_sources': 'reading the data',
     'checkpoints': 'restoring the checkpoint',
     'export': 'exporting the SavedModel',
     'train': 'setting up training (compiling)',

@@ -30,6 +30,7 @@ from absl import app
 from absl import flags
 from absl import logging
 import config_validation
+import data_sources
 import input_pipeline
 import ml_collections
 from ml_collections import config_flags
@@ -67,7 +68,7 @@ def test_images(
   """The first `num` images `(n, 28, 28)` uint8 and labels of the test split.
 
   Read by input_pipeline from `config`'s source, as training reads them.
-  Raises config_validation.ConfigError or input_pipeline.DataError, whose
+  Raises config_validation.ConfigError or data_sources.DataError, whose
   message is one line.
   """
   config_validation.validate(config)
@@ -93,7 +94,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   try:
     images, labels = test_images(FLAGS.config, FLAGS.num)
-  except (config_validation.ConfigError, input_pipeline.DataError) as e:
+  except (config_validation.ConfigError, data_sources.DataError) as e:
     sys.exit(f'error: {e}')
   for path in write_pngs(images, labels, FLAGS.out):
     print(path)

@@ -1,0 +1,229 @@
+"""The data sets' shared pieces, and the sources other than TFDS.
+
+Every source reads a split as uint8 images and integer labels, which
+`to_arrays` makes `Arrays`: uint8 `(N, 28, 28, 1)` and int32 labels.
+Besides TFDS (input_pipeline.py), a split comes from:
+
+- `idx`: the four original `*-ubyte[.gz]` files, read with NumPy alone;
+- `hf`: Hugging Face `datasets`, from the Hub or offline from a
+  `save_to_disk` directory or parquet files;
+- `torchvision`: `torchvision.datasets.MNIST` (an optional extra: PyTorch),
+  in a process of its own.
+"""
+
+import glob
+import gzip
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import zlib
+
+import errors
+import ml_collections
+import numpy as np
+
+# Environment variable naming the manual directory of MNIST when the config
+# does not (it holds MNIST's files: other data sets do not read it).
+MANUAL_DIR_ENV = 'MNIST_MANUAL_DIR'
+
+# The data sets: 28x28 grey images in ten classes, with the same file names.
+DATASETS = ('mnist', 'fashion_mnist')
+
+# The idx source's directory when config.manual_dir names none: Debian's
+# package dataset-fashion-mnist installs Fashion-MNIST's files here.
+DEFAULT_IDX_DIRS = {'fashion_mnist': '/usr/share/datasets/fashion-mnist'}
+
+# The data sets on the Hugging Face Hub, and their torchvision classes.
+HF_NAMES = {
+    'mnist': 'ylecun/mnist',
+    'fashion_mnist': 'zalando-datasets/fashion_mnist',
+}
+TORCHVISION_CLASSES = {'mnist': 'MNIST', 'fashion_mnist': 'FashionMNIST'}
+
+# The original files of each split: images, then labels.
+IDX_FILES = {
+    'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
+    'test': ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte'),
+}
+
+# A split or a batch: uint8 'image' (N, 28, 28, 1), int32 'label'.
+Arrays = dict[str, np.ndarray]
+
+
+class DataError(errors.UserError):
+  """The data set cannot be prepared; the message is one line for the user."""
+
+
+def to_arrays(images, labels) -> Arrays:
+  """uint8 images `(N, 28, 28[, 1])` and integer labels as `Arrays`."""
+  images, labels = np.asarray(images), np.asarray(labels)
+  if images.dtype != np.uint8 or images.shape[1:] not in (
+      (28, 28),
+      (28, 28, 1),
+  ):
+    raise DataError(
+        f'expected uint8 images of 28x28 pixels, got {images.dtype} {images.shape}'
+    )
+  if len(labels) != len(images):
+    raise DataError(f'{len(images)} images but {len(labels)} labels')
+  return {
+      'image': images.reshape(-1, 28, 28, 1),
+      'label': labels.astype(np.int32),
+  }
+
+
+def named_manual_dir(config: ml_collections.ConfigDict) -> str:
+  """config.manual_dir, else $MNIST_MANUAL_DIR for MNIST, else ''."""
+  named = config.manual_dir
+  if not named and config.dataset == 'mnist':
+    named = os.environ.get(MANUAL_DIR_ENV, '')
+  return os.path.expanduser(named)
+
+
+def read_idx(path: str, ndim: int) -> np.ndarray:
+  """One IDX file of unsigned bytes (gzipped or not), its header checked.
+
+  IDX: a big-endian magic number 0x0800 + ndim (0x08 for unsigned bytes),
+  ndim big-endian 32-bit sizes, then the bytes, row-major.
+  """
+  try:
+    with (gzip.open if path.endswith('.gz') else open)(path, 'rb') as f:
+      data = f.read()
+  except (OSError, EOFError, zlib.error) as e:
+    raise DataError(
+        f'{path}: cannot be read, truncated or corrupt? ({e})'
+    ) from None
+  header = 4 + 4 * ndim
+  magic = int.from_bytes(data[:4], 'big')
+  if len(data) < header or magic != 0x800 + ndim:
+    raise DataError(
+        f'{path}: not an IDX file of {ndim}-dimensional unsigned bytes (magic '
+        f'number {magic:#x}, expected {0x800 + ndim:#x})'
+    )
+  shape = tuple(int(n) for n in np.frombuffer(data, '>u4', ndim, 4))
+  if len(data) != header + np.prod(shape):
+    raise DataError(
+        f'{path}: {len(data)} bytes, but its header says {shape}, '
+        f'{header + np.prod(shape)} bytes: the file is truncated or not IDX'
+    )
+  return np.frombuffer(data, np.uint8, offset=header).reshape(shape)
+
+
+def idx_dir(config: ml_collections.ConfigDict) -> str:
+  """The directory of the original files: the manual directory, or a default."""
+  directory = named_manual_dir(config) or DEFAULT_IDX_DIRS.get(config.dataset)
+  if not directory:
+    raise DataError(
+        f'no directory of the original {config.dataset} files: set '
+        f'config.manual_dir or ${MANUAL_DIR_ENV}'
+    )
+  return directory
+
+
+def from_idx(config: ml_collections.ConfigDict, split: str) -> Arrays:
+  """`split` ('train' or 'test') from the original files, `*-ubyte[.gz]`."""
+  directory = idx_dir(config)
+  arrays = []
+  for name, ndim in zip(IDX_FILES[split], (3, 1)):
+    paths = [os.path.join(directory, name + ext) for ext in ('.gz', '')]
+    path = next((p for p in paths if os.path.isfile(p)), None)
+    if not path:
+      raise DataError(f'{directory}: missing {name}.gz (or {name})')
+    arrays.append(read_idx(path, ndim))
+  return to_arrays(*arrays)
+
+
+def hf_arrays(dataset) -> Arrays:
+  """A Hugging Face `Dataset` of 'image' and 'label' as `Arrays`.
+
+  In NumPy format the whole column is one array read: an `Array2D` image
+  column straight from Arrow, an `Image` column (PNG bytes, as on the Hub)
+  decoded in one call. uint8 asks the formatter not to widen the pixels to
+  int64 first.
+  """
+  data = dataset.with_format(
+      'numpy', columns=['image', 'label'], dtype=np.uint8
+  )[:]
+  return to_arrays(data['image'], data['label'])
+
+
+def from_hf(config: ml_collections.ConfigDict, split: str) -> Arrays:
+  """`split` from Hugging Face datasets.
+
+  `config.data_dir` is a `save_to_disk` directory, or a directory of parquet
+  files named `<split>-*.parquet` (as in a copy of the Hub's repository);
+  empty, `load_dataset` reads the Hub (or its cache, offline).
+  """
+  try:
+    import datasets  # pylint: disable=g-import-not-at-top
+    from pyarrow import parquet  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise DataError(
+        "data_source 'hf' needs Hugging Face datasets: the hf extra, "
+        'uv sync --extra hf (make installs it), or pip install datasets'
+    ) from None
+  directory = os.path.expanduser(config.data_dir)
+  if not directory:
+    return hf_arrays(
+        datasets.load_dataset(HF_NAMES[config.dataset], split=split)
+    )
+  if os.path.isfile(os.path.join(directory, 'dataset_dict.json')):
+    return hf_arrays(datasets.load_from_disk(directory)[split])
+  pattern = os.path.join(directory, '**', f'{split}-*.parquet')
+  files = sorted(glob.glob(pattern, recursive=True))
+  if not files:
+    raise DataError(
+        f'{directory}: neither a save_to_disk directory nor {split}-*.parquet files'
+    )
+  # In memory: no copy of the files in the Hugging Face cache.
+  return hf_arrays(datasets.Dataset(parquet.read_table(files)))
+
+
+# torchvision imports triton (through torch._dynamo), and importing triton
+# after TensorFlow aborts the process: both bring their own LLVM. So
+# torchvision reads the files in a process of its own, without TensorFlow.
+# argv: root, dataset class, split, output .npz.
+_TORCHVISION_READER = """
+import sys
+import numpy as np
+from torchvision import datasets
+root, name, split, out = sys.argv[1:]
+try:
+  dataset = getattr(datasets, name)(root, train=split == 'train', download=True)
+except (OSError, RuntimeError) as e:
+  sys.exit(' '.join(str(e).split()))
+np.savez(out, images=dataset.data.numpy(), labels=dataset.targets.numpy())
+"""
+
+
+def from_torchvision(config: ml_collections.ConfigDict, split: str) -> Arrays:
+  """`split` from torchvision, reading the dataset's `.data` and `.targets`.
+
+  torchvision is optional (it brings PyTorch): the `torchvision` extra.
+  `config.data_dir` is its root ('' is ~/torchvision_datasets); torchvision
+  downloads the files into `<root>/MNIST/raw` unless they are there.
+  """
+  if importlib.util.find_spec('torchvision') is None:
+    raise DataError(
+        "data_source 'torchvision' needs torchvision, which brings PyTorch: "
+        'uv sync --extra torchvision, or pip install torchvision'
+    )
+  root = os.path.expanduser(config.data_dir or '~/torchvision_datasets')
+  with tempfile.TemporaryDirectory() as directory:
+    out = os.path.join(directory, 'arrays.npz')
+    name = TORCHVISION_CLASSES[config.dataset]
+    result = subprocess.run(
+        [sys.executable, '-c', _TORCHVISION_READER, root, name, split, out],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode:
+      lines = result.stderr.strip().splitlines()
+      raise DataError(
+          f'{root}: torchvision cannot read or download {config.dataset}: '
+          f'{lines[-1] if lines else f"exit status {result.returncode}"}'
+      )
+    with np.load(out) as arrays:
+      return to_arrays(arrays['images'], arrays['labels'])
