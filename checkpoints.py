@@ -11,9 +11,10 @@ is complete, so a checkpoint cut short by a killed process is never listed.
 
 `Run` manages a training run's checkpoints: before it starts, the workdir
 must be writable (`workdirs.prepare`) and its latest checkpoint must fit the
-config (`latest`); then it resumes, saves, and words the messages that name
-a step's position. A checkpoint that cannot be restored (a file truncated or
-lost) is moved aside and the run resumes from the newest one that restores.
+config (`checked_manager`); then it resumes, saves, and words the messages
+that name a step's position. A checkpoint that cannot be restored (a file
+truncated or lost) is moved aside and the run resumes from the newest one
+that restores.
 """
 
 import json
@@ -162,8 +163,8 @@ def restore_newest(saved, config, training: bool, **objects):
 
   Orbax raises many kinds of error for a checkpoint with a file truncated or
   missing; each such checkpoint is skipped, with a warning when `objects`
-  are restored (a scan of the JSON items alone, `latest`, precedes a
-  restore that warns: once is enough).
+  are restored (a scan of the JSON items alone, `checked_manager`, precedes
+  a restore that warns: once is enough).
 
   Returns:
     The JSON item of the checkpoint restored (None if there is none), and
@@ -202,21 +203,19 @@ def restore_newest(saved, config, training: bool, **objects):
   return None, []
 
 
-def latest(config: ml_collections.ConfigDict, workdir: str, training=True):
-  """The checkpoints of `workdir` and the JSON of the newest readable one.
-
-  Returns:
-    The checkpoint manager, and that checkpoint's JSON item (None if there
-    is no checkpoint).
+def checked_manager(
+    config: ml_collections.ConfigDict, workdir: str
+) -> ocp.CheckpointManager:
+  """The checkpoints of `workdir`, once the newest readable one fits `config`.
 
   Raises:
     WorkdirError: no checkpoint can be read, or the newest that can is of a
-      config that differs in a field that matters, or (`training`) is past
+      config that differs in a field that matters, or is past
       `config.num_epochs`.
   """
   saved = manager(workdir, config.checkpoints_to_keep)
-  meta, _ = restore_newest(saved, config, training)
-  return saved, meta
+  restore_newest(saved, config, True)
+  return saved
 
 
 def position(step: int, steps_per_epoch: int) -> str:
@@ -239,7 +238,7 @@ class Run:
     workdirs.prepare(workdir)
     self.config = config
     self.workdir = workdir
-    self.manager, _ = latest(config, workdir)
+    self.manager = checked_manager(config, workdir)
     self.steps_per_epoch = 1
 
   def resume(self, model, optimizer, metrics, steps_per_epoch: int):

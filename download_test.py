@@ -8,11 +8,11 @@ import shutil
 import socket
 import threading
 
+from configs import default
 import data_sources
 import download
 import input_pipeline
 import pytest
-from configs import default
 import tensorflow_datasets as tfds
 
 
@@ -112,8 +112,11 @@ def test_a_server_that_does_not_answer(url_infos, tmp_path):
   )
 
 
-def test_tfds_prepares_what_was_downloaded(url_infos, mirror, tmp_path):
+def test_tfds_prepares_what_was_downloaded(
+    url_infos, mirror, tmp_path, monkeypatch
+):
   """The run's own path: no manual directory, the files from a mirror."""
+  monkeypatch.delenv(data_sources.MANUAL_DIR_ENV, raising=False)
   config = default.get_config()
   config.data_dir = str(tmp_path / 'tfds')
   with _serving(mirror) as url:
@@ -125,7 +128,8 @@ def test_tfds_prepares_what_was_downloaded(url_infos, mirror, tmp_path):
   )
 
 
-def test_an_error_names_the_way_out(mirror, tmp_path):
+def test_an_error_names_the_way_out(mirror, tmp_path, monkeypatch):
+  monkeypatch.delenv(data_sources.MANUAL_DIR_ENV, raising=False)
   (mirror / 't10k-labels-idx1-ubyte.gz').unlink()
   config = default.get_config()
   config.data_dir = str(tmp_path / 'tfds')
