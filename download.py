@@ -10,6 +10,7 @@ half file; TFDS then prepares the data set from the directory, as from a
 manual one. A file already there and whole is not fetched again.
 """
 
+import contextlib
 import hashlib
 import http.client
 import os
@@ -32,6 +33,24 @@ def source(url: str, mirror: str) -> str:
     return url
   name = os.path.basename(urllib.parse.urlparse(url).path)
   return mirror.rstrip('/') + '/' + name
+
+
+@contextlib.contextmanager
+def whole_file(path: str):
+  """A binary file to write that appears at `path` only if written whole.
+
+  It is written under a temporary name, renamed to `path` when the block
+  ends, and removed if the block raises (a SystemExit included), so a later
+  run never reads half of it.
+  """
+  incomplete = f'{path}.{os.getpid()}.incomplete'
+  try:
+    with open(incomplete, 'wb') as f:
+      yield f
+    os.replace(incomplete, path)
+  finally:
+    if os.path.exists(incomplete):
+      os.remove(incomplete)
 
 
 def _is_whole(path: str, info) -> bool:
@@ -59,27 +78,22 @@ def fetch(url_infos: dict, directory: str, mirror: str = '') -> None:
 
 
 def _fetch_one(url: str, path: str, info) -> None:
-  """`url` to `path`, through a temporary file that only a whole one leaves."""
-  incomplete = f'{path}.{os.getpid()}.incomplete'
+  """`url` to `path`, kept only if it is the file that `info` describes."""
   digest, size = hashlib.sha256(), 0
   try:
     with urllib.request.urlopen(url, timeout=TIMEOUT_SECS) as response:
-      with open(incomplete, 'wb') as f:
+      with whole_file(path) as f:
         while chunk := response.read(_CHUNK):
           digest.update(chunk)
           size += len(chunk)
           f.write(chunk)
-    if (size, digest.hexdigest()) != (info.size, info.checksum):
-      raise DownloadError(
-          f'{url} sent {size} bytes that are not the file TFDS registers '
-          f'({int(info.size)} bytes, SHA-256 {info.checksum[:12]}...)'
-      )
-    os.replace(incomplete, path)
+        if (size, digest.hexdigest()) != (info.size, info.checksum):
+          raise DownloadError(
+              f'{url} sent {size} bytes that are not the file TFDS registers '
+              f'({int(info.size)} bytes, SHA-256 {info.checksum[:12]}...)'
+          )
   except (OSError, http.client.HTTPException) as e:
     raise DownloadError(f'cannot download {url} ({_cause(e)})') from None
-  finally:
-    if os.path.exists(incomplete):
-      os.remove(incomplete)
 
 
 def _cause(error: Exception) -> str:

@@ -176,21 +176,18 @@ def _cached_arrays(builder, split) -> data_sources.Arrays | None:
 def _cache_arrays(builder, split, arrays: data_sources.Arrays) -> None:
   """Saves `arrays` for `_cached_arrays`, if TFDS' directory is local.
 
-  Written to a temporary name, then renamed: a run killed meanwhile leaves
-  no half file. Where the directory cannot be written, runs go on decoding.
+  Written whole or not at all (`download.whole_file`): a run stopped
+  meanwhile leaves no half file. Where the directory cannot be written, runs
+  go on decoding.
   """
   path = _array_cache_path(builder, split)
   if not os.path.isdir(builder.data_dir):  # A bucket (gs://): not cached.
     return
-  incomplete = f'{path}.{os.getpid()}.incomplete'
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(incomplete, 'wb') as f:
+    with download.whole_file(path) as f:
       np.savez(f, **arrays)
-    os.replace(incomplete, path)
   except OSError as e:
-    if os.path.exists(incomplete):
-      os.remove(incomplete)
     logging.warning('Not caching %s arrays of %s: %s', split, builder.name, e)
 
 
