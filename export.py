@@ -60,10 +60,21 @@ def _serving_configs() -> list[ServingConfig]:
 def warmup_requests(model_name: str) -> list[prediction_log_pb2.PredictionLog]:
   """One request of one black image per signature, as TF Serving replays them."""
   black = np.zeros((1, *IMAGE_SHAPE), np.uint8)
-  inputs = {key: (INPUT_NAME, black.astype(np.float32)) for key in SIGNATURES}
+  return requests(model_name, black.astype(np.float32), black)
+
+
+def requests(
+    model_name: str, images: np.ndarray, pixels: np.ndarray
+) -> list[prediction_log_pb2.PredictionLog]:
+  """A predict request for each signature, as PredictionLogs.
+
+  The float signatures get `images` (float32 in [0, 1]); `serving_bytes`
+  gets `pixels` (the same images as uint8) encoded as PNG files.
+  """
+  inputs = {key: (INPUT_NAME, images) for key in SIGNATURES}
   inputs[BYTES_SIGNATURE] = (
       BYTES_INPUT_NAME,
-      np.array([tf.io.encode_png(black[0]).numpy()], object),
+      np.array([tf.io.encode_png(p).numpy() for p in pixels], object),
   )
   logs = []
   for key, (name, value) in inputs.items():

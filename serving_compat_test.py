@@ -26,7 +26,6 @@ import numpy as np
 import pytest
 import serving_signatures
 import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_log_pb2
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -113,26 +112,7 @@ def _requests(version_dir: str, images: np.ndarray) -> list:
       prediction_log_pb2.PredictionLog.FromString(r.numpy()) for r in records
   ]
   pixels = np.round(images * 255).astype(np.uint8)
-  pngs = [tf.io.encode_png(image).numpy() for image in pixels]
-  inputs = {
-      key: (serving_signatures.INPUT_NAME, images)
-      for key in serving_signatures.SIGNATURES
-  }
-  inputs[serving_signatures.BYTES_SIGNATURE] = (
-      serving_signatures.BYTES_INPUT_NAME,
-      np.array(pngs, object),
-  )
-  for key, (name, value) in inputs.items():
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = 'mnist'
-    request.model_spec.signature_name = key
-    request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
-    logs.append(
-        prediction_log_pb2.PredictionLog(
-            predict_log=prediction_log_pb2.PredictLog(request=request)
-        )
-    )
-  return logs
+  return logs + export.requests('mnist', images, pixels)
 
 
 def _replay(python: str, model_dir: str, requests: str, out: str):
