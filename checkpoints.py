@@ -9,44 +9,24 @@ nothing more: it is a function of the seed and the epoch (see
 Orbax writes each checkpoint in a temporary directory and renames it when it
 is complete, so a checkpoint cut short by a killed process is never listed.
 
-`Run` manages a training run's checkpoints: before it starts, the workdir
-must be writable (`workdirs.prepare`) and its latest checkpoint must fit the
-config (`checked_manager`); then it resumes, saves, and words the messages
-that name a step's position. A checkpoint that cannot be restored (a file
+Before a run starts, its workdir's newest readable checkpoint must fit the
+config (`checked_manager`); a checkpoint that cannot be restored (a file
 truncated or lost) is moved aside and the run resumes from the newest one
-that restores.
+that restores (`resume`).
 """
 
 import json
 import os
 import re
-import time
 
 from absl import logging
+import config_fields
 from flax import nnx
 import ml_collections
 import orbax.checkpoint as ocp
+import phases
 import tensorflow as tf
 import workdirs
-
-# Config fields that a resumed run may change: they change neither the state
-# that training reaches nor the order of the data.
-RESUMABLE_CHANGES = frozenset(
-    {
-        'num_epochs',
-        'test_split',
-        'eval_batch_size',
-        'data_dir',
-        'manual_dir',
-        'download_url',
-        'progress_every_secs',
-        'steps_per_call',
-        'export_model_name',
-        'checkpoint_every_epochs',
-        'checkpoints_to_keep',
-        'cpu_levers',
-    }
-)
 
 
 def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
@@ -59,25 +39,57 @@ def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
   save would still be reading.
   """
   return ocp.CheckpointManager(
-      os.path.join(workdir, workdirs.CHECKPOINTS),
+      workdirs.checkpoints_dir(workdir),
       options=ocp.CheckpointManagerOptions(
           max_to_keep=keep, create=False, enable_async_checkpointing=False
       ),
   )
 
 
-def save(checkpoints, step: int, model, optimizer, metrics, meta: dict) -> None:
-  """Saves the objects' state and `meta` (JSON) as the checkpoint of `step`."""
-  checkpoints.save(
-      step,
-      args=ocp.args.Composite(
-          model=ocp.args.StandardSave(nnx.state(model)),
-          optimizer=ocp.args.StandardSave(nnx.state(optimizer)),
-          # 'metrics' is a name that CheckpointManager reserves.
-          train_metrics=ocp.args.StandardSave(nnx.state(metrics)),
-          meta=ocp.args.JsonSave(meta),
-      ),
-  )
+@phases.timed('checkpoint')
+def save(
+    checkpoints, config, steps_per_epoch: int, objects, step: int, summary
+):
+  """Saves the `(model, optimizer, metrics)` of global `step` and its JSON item.
+
+  The JSON item: the step, its epoch, the steps per epoch, the config and
+  the last epoch's `summary`. Returns the step's position, for the user.
+
+  Raises:
+    WorkdirError: the checkpoint could not be written (a full disk, a
+      directory made read-only); the checkpoints before it are kept.
+  """
+  model, optimizer, metrics = objects
+  meta = {
+      'step': step,
+      'epoch': step // steps_per_epoch,
+      'steps_per_epoch': steps_per_epoch,
+      'config': config.to_dict(),
+      'summary': summary,
+  }
+  at = position(step, steps_per_epoch)
+  try:
+    checkpoints.save(
+        step,
+        args=ocp.args.Composite(
+            model=ocp.args.StandardSave(nnx.state(model)),
+            optimizer=ocp.args.StandardSave(nnx.state(optimizer)),
+            # 'metrics' is a name that CheckpointManager reserves.
+            train_metrics=ocp.args.StandardSave(nnx.state(metrics)),
+            meta=ocp.args.JsonSave(meta),
+        ),
+    )
+  except Exception as e:  # pylint: disable=broad-except
+    # Orbax and TensorStore raise many kinds of error for a failed write.
+    kept = checkpoints.latest_step()
+    kept = f'the checkpoint of step {kept}' if kept else 'no checkpoint'
+    raise workdirs.WorkdirError(
+        f'cannot write the checkpoint ({at}) in {checkpoints.directory} '
+        f'({_cause(e)}); {kept} is kept: free space or make it writable, then '
+        'rerun the same command to resume'
+    ) from e
+  logging.info('Saved a checkpoint (%s) in %s.', at, checkpoints.directory)
+  return at
 
 
 def read_meta(checkpoints, step: int) -> dict:
@@ -121,7 +133,7 @@ def config_differences(
   return [
       f'{field} {show(saved, field)} -> {show(now, field)}'
       for field in sorted(saved.keys() | now.keys())
-      if field not in RESUMABLE_CHANGES
+      if field not in config_fields.RESUMABLE
       and (field in saved, saved.get(field)) != (field in now, now.get(field))
   ]
 
@@ -226,121 +238,41 @@ def position(step: int, steps_per_epoch: int) -> str:
   return f'step {step}, in epoch {epoch + 1}'
 
 
-class Run:
-  """A training run's checkpoints: where it resumes, saving, what to say.
+def resume(checkpoints, config, model, optimizer, metrics):
+  """The global step and summary to go on from; restores the objects.
 
-  Created before any work: the workdir must be writable and its latest
-  checkpoint, if any, must fit the config. `resume` then puts that
-  checkpoint's state into the run's objects.
+  A fresh run goes on from step 0, with no summary yet. Checkpoints newer
+  than the one restored cannot be: they are moved to `<workdir>/
+  damaged_checkpoints/`, out of the way of the steps the run saves again.
   """
+  meta, damaged = restore_newest(
+      checkpoints,
+      config,
+      True,
+      model=model,
+      optimizer=optimizer,
+      metrics=metrics,
+  )
+  for step in damaged:
+    _move_aside(checkpoints, step)
+  if meta is None:
+    return 0, None
+  logging.info(
+      'Resuming from the checkpoint (%s) in %s.',
+      position(meta['step'], meta['steps_per_epoch']),
+      checkpoints.directory,
+  )
+  return meta['step'], meta['summary']
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
-    workdirs.prepare(workdir)
-    self.config = config
-    self.workdir = workdir
-    self.manager = checked_manager(config, workdir)
-    self.steps_per_epoch = 1
 
-  def resume(self, model, optimizer, metrics, steps_per_epoch: int):
-    """The global step and summary to go on from; restores the objects.
-
-    A fresh run goes on from step 0, with no summary yet. Checkpoints newer
-    than the one restored cannot be: they are moved to `<workdir>/
-    damaged_checkpoints/`, out of the way of the steps the run saves again.
-    """
-    self.steps_per_epoch = steps_per_epoch
-    meta, damaged = restore_newest(
-        self.manager,
-        self.config,
-        True,
-        model=model,
-        optimizer=optimizer,
-        metrics=metrics,
-    )
-    for step in damaged:
-      self._move_aside(step)
-    if meta is None:
-      return 0, None
-    logging.info(
-        'Resuming from the checkpoint (%s) in %s.',
-        self.position(meta['step']),
-        self.manager.directory,
-    )
-    return meta['step'], meta['summary']
-
-  def _move_aside(self, step: int) -> None:
-    damaged = os.path.join(
-        self.workdir,
-        workdirs.DAMAGED,
-        f'{step}-{time.strftime("%Y%m%d-%H%M%S")}',
-    )
-    tf.io.gfile.makedirs(os.path.dirname(damaged))
-    tf.io.gfile.rename(
-        os.path.join(str(self.manager.directory), str(step)), damaged
-    )
-    logging.warning(
-        'Moved the checkpoint of step %d, which cannot be restored, to %s.',
-        step,
-        damaged,
-    )
-    self.manager.reload()
-
-  def position(self, step: int) -> str:
-    return position(step, self.steps_per_epoch)
-
-  def save(self, step: int, model, optimizer, metrics, summary) -> None:
-    """Saves the objects at global `step`, with the last epoch's summary.
-
-    Raises:
-      WorkdirError: the checkpoint could not be written (a full disk, a
-        directory made read-only); the checkpoints before it are kept.
-    """
-    meta = {
-        'step': step,
-        'epoch': step // self.steps_per_epoch,
-        'steps_per_epoch': self.steps_per_epoch,
-        'config': self.config.to_dict(),
-        'summary': summary,
-    }
-    try:
-      save(self.manager, step, model, optimizer, metrics, meta)
-    except Exception as e:  # pylint: disable=broad-except
-      # Orbax and TensorStore raise many kinds of error for a failed write.
-      kept = self.manager.latest_step()
-      kept = f'the checkpoint of step {kept}' if kept else 'no checkpoint'
-      raise workdirs.WorkdirError(
-          f'cannot write the checkpoint ({self.position(step)}) in '
-          f'{self.manager.directory} ({_cause(e)}); {kept} is kept: free space '
-          'or make it writable, then rerun the same command to resume'
-      ) from e
-    logging.info(
-        'Saved a checkpoint (%s) in %s.',
-        self.position(step),
-        self.manager.directory,
-    )
-
-  def stopped(self, step: int) -> str:
-    """What to say when the run stopped, when asked, at global `step`."""
-    return (
-        f'stopped ({self.position(step)}) with a checkpoint in '
-        f'{self.manager.directory}: rerun the same command to resume'
-    )
-
-  def diverged(self, loss: float, step: int) -> str:
-    """What to say when the loss became `loss` (NaN or infinite) at `step`.
-
-    `step` counts from 1. The latest checkpoint, the last one before the
-    divergence, is kept.
-    """
-    latest_step = self.manager.latest_step()
-    kept = (
-        'no checkpoint was saved before it'
-        if latest_step is None
-        else f'the last good checkpoint ({self.position(latest_step)}) is kept'
-    )
-    epoch = (step - 1) // self.steps_per_epoch + 1
-    rate = self.config.learning_rate / 10
-    return (
-        f'loss became {loss} at step {step} (epoch {epoch}); {kept}; try a '
-        f'lower learning rate, e.g. --config.learning_rate={rate:g}'
-    )
+def _move_aside(checkpoints, step: int) -> None:
+  directory = str(checkpoints.directory)  # <workdir>/checkpoints
+  damaged = workdirs.damaged_checkpoint_dir(os.path.dirname(directory), step)
+  tf.io.gfile.makedirs(os.path.dirname(damaged))
+  tf.io.gfile.rename(os.path.join(directory, str(step)), damaged)
+  logging.warning(
+      'Moved the checkpoint of step %d, which cannot be restored, to %s.',
+      step,
+      damaged,
+  )
+  checkpoints.reload()

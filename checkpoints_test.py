@@ -8,14 +8,21 @@ from flax import nnx
 import jax
 import numpy as np
 import train
-import workdirs
 
 
 def _objects(seed: int):
+  model = train.create_model(_config(seed))
+  return (
+      model,
+      train.create_optimizer(model, _config(seed), 1),
+      train.create_metrics(),
+  )
+
+
+def _config(seed: int):
   config = default.get_config()
   config.seed = seed
-  model = train.create_model(config)
-  return model, train.create_optimizer(model, config, 1), train.create_metrics()
+  return config
 
 
 def _leaves(*objects):
@@ -34,14 +41,25 @@ def test_restore_gives_back_every_value_and_the_json(tmp_path):
       loss=np.float32([2.5]), logits=np.eye(10)[:1], labels=np.int32([0])
   )
   saved = checkpoints.manager(str(tmp_path))
-  checkpoints.save(saved, 7, model, optimizer, metrics, {'step': 7, 'x': [1.5]})
+  summary = {'test_accuracy': 0.5}
+  objects = (model, optimizer, metrics)
+  assert (
+      checkpoints.save(saved, _config(0), 2, objects, 7, summary)
+      == 'step 7, in epoch 4'
+  )
 
   others = _objects(seed=1)
   assert not all(
       np.array_equal(a, b) for a, b in zip(_leaves(*others), _leaves(model))
   )
   again = checkpoints.manager(str(tmp_path))
-  assert checkpoints.read_meta(again, 7) == {'step': 7, 'x': [1.5]}
+  assert checkpoints.read_meta(again, 7) == {
+      'step': 7,
+      'epoch': 3,
+      'steps_per_epoch': 2,
+      'config': _config(0).to_dict(),
+      'summary': summary,
+  }
   checkpoints.restore(
       again, 7, model=others[0], optimizer=others[1], metrics=others[2]
   )
@@ -51,21 +69,15 @@ def test_restore_gives_back_every_value_and_the_json(tmp_path):
 
 def test_a_checkpoint_cut_short_is_not_listed(tmp_path):
   model, optimizer, metrics = _objects(seed=0)
-  checkpoints.save(
-      checkpoints.manager(str(tmp_path)),
-      3,
-      model,
-      optimizer,
-      metrics,
-      {'step': 3},
-  )
+  saved = checkpoints.manager(str(tmp_path))
+  checkpoints.save(saved, _config(0), 3, (model, optimizer, metrics), 3, None)
   # What orbax leaves behind when the process dies while it writes step 5.
-  unfinished = tmp_path / workdirs.CHECKPOINTS / '5.orbax-checkpoint-tmp-1234'
+  unfinished = tmp_path / 'checkpoints' / '5.orbax-checkpoint-tmp-1234'
   os.makedirs(unfinished / 'model')
   (unfinished / 'model' / 'half').write_bytes(b'\0' * 10)
   saved = checkpoints.manager(str(tmp_path))
   assert saved.all_steps() == [3]
-  assert checkpoints.read_meta(saved, saved.latest_step()) == {'step': 3}
+  assert checkpoints.read_meta(saved, saved.latest_step())['step'] == 3
 
 
 def test_config_differences_leave_out_what_a_resumed_run_may_change():

@@ -15,6 +15,7 @@ import glob
 import gzip
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,10 @@ IDX_FILES = {
     'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
     'test': ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte'),
 }
+
+# A split that the sources other than TFDS read: one of the two, optionally
+# with one slice in TFDS' syntax ('train[:10%]', 'test[-500:]').
+SPLIT = re.compile(r'(train|test)(?:\[(-?\d+%?)?:(-?\d+%?)?\])?')
 
 # A split or a batch: uint8 'image' (N, 28, 28, 1), int32 'label'.
 Arrays = dict[str, np.ndarray]

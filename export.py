@@ -4,27 +4,23 @@ TF Serving watches `<base>/<model name>/` and loads any new integer version
 directory in it, so every export goes to the next version, written under a
 hidden name and renamed into place when whole. The serialised computation runs
 on CPU and CUDA servers; warm-up requests let TF Serving compile it before the
-first user request. `export_checkpoint` exports the model of a workdir's
-latest checkpoint (`main.py --mode=export`), without training.
+first user request.
 """
 
 import os
 
 from absl import logging
-import checkpoints
-import config_validation
 from flax import nnx
 import image_decoding
 import jax
-import ml_collections
 import models
 import numpy as np
 from orbax.export import ExportManager, JaxModule, ServingConfig
+import phases
 from serving_signatures import BYTES_INPUT_NAME, BYTES_SIGNATURE, IMAGE_SHAPE, INPUT_NAME, SIGNATURES
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_log_pb2
-import workdirs
 
 # What the serialised JAX computation is lowered for ('cuda' for TF Serving's
 # GPU image); TensorFlow runs the one it is on.
@@ -110,6 +106,7 @@ def _remove_incomplete(model_dir: str) -> None:
       tf.io.gfile.rmtree(os.path.join(model_dir, name))
 
 
+@phases.timed('export')
 def export_saved_model(model: models.CNN, model_dir: str) -> str:
   """Writes the eval-mode `model` to `<model_dir>/<next version>/`.
 
@@ -144,38 +141,4 @@ def export_saved_model(model: models.CNN, model_dir: str) -> str:
   )
   path = os.path.join(model_dir, version)
   tf.io.gfile.rename(incomplete, path)
-  return path
-
-
-def export_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> str:
-  """Exports the model of the latest checkpoint in `workdir`.
-
-  Returns:
-    The version directory written, under
-    `workdir/export/<config.export_model_name>/`.
-
-  Raises:
-    config_validation.ConfigError: a field of `config` is not allowed.
-    workdirs.WorkdirError: no checkpoint that restores, or one of another
-      config.
-  """
-  config_validation.validate(config)
-  saved = checkpoints.manager(workdir)
-  # Any initial values do: the checkpoint replaces them all.
-  model = models.CNN(dropout_rate=config.dropout_rate, rngs=nnx.Rngs(0))
-  meta, _ = checkpoints.restore_newest(saved, config, False, model=model)
-  if meta is None:
-    raise workdirs.WorkdirError(
-        f'no checkpoint in {saved.directory}: train first, with the same '
-        '--workdir and --config'
-    )
-  path = export_saved_model(
-      model, workdirs.export_dir(workdir, config.export_model_name)
-  )
-  logging.info(
-      'Exported the model of the checkpoint (%s) in %s to %s',
-      checkpoints.position(meta['step'], meta['steps_per_epoch']),
-      saved.directory,
-      path,
-  )
   return path

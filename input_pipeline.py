@@ -24,8 +24,10 @@ import data_sources
 import download
 import jax
 import jax.numpy as jnp
+from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
+import phases
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.download import download_manager
 
@@ -199,31 +201,6 @@ SOURCES = {
     'idx': data_sources.from_idx,
 }
 
-# The splits of both data sets; the non-TFDS sources read one, optionally
-# sliced, TFDS any split in its syntax.
-SPLITS = ('train', 'test')
-_SPLIT = re.compile(r'(train|test)(?:\[(-?\d+%?)?:(-?\d+%?)?\])?')
-SPLIT_SYNTAX = {
-    'tfds': "a TFDS split of 'train' and 'test', like 'train[:10%]' or "
-    "'train[:50%]+test'",
-    **dict.fromkeys(
-        ('hf', 'torchvision', 'idx'),
-        "'train' or 'test', optionally sliced like 'train[:10%]' or "
-        "'test[100:600]'",
-    ),
-}
-
-
-def valid_split(data_source: str, split: str) -> bool:
-  """Whether `data_source` reads `split` (see SPLIT_SYNTAX)."""
-  if data_source != 'tfds':
-    return _SPLIT.fullmatch(split) is not None
-  try:
-    tfds.core.ReadInstruction.from_spec(split)
-  except ValueError:
-    return False
-  return all(part.split('[')[0] in SPLITS for part in split.split('+'))
-
 
 def _bound(bound: str | None, n: int) -> int | None:
   """A slice bound, in examples or in percent of the `n` examples (TFDS')."""
@@ -243,7 +220,7 @@ def split_arrays(
   """
   if config.data_source == 'tfds':
     return from_tfds(config, split)
-  name, start, stop = _SPLIT.fullmatch(split).groups()
+  name, start, stop = data_sources.SPLIT.fullmatch(split).groups()
   arrays = SOURCES[config.data_source](config, name)
   n = len(arrays['label'])
   # A copy, so that a small slice does not keep the whole split in memory.
@@ -251,6 +228,7 @@ def split_arrays(
   return {k: v[part].copy() for k, v in arrays.items()}
 
 
+@phases.timed('data')
 def load(
     config: ml_collections.ConfigDict,
 ) -> tuple[data_sources.Arrays, data_sources.Arrays]:
@@ -258,7 +236,7 @@ def load(
 
   With several JAX processes (hosts), each trains on its own share of the
   training examples (TFDS reads only that share), and evaluates its part of
-  every test batch. `config` is one that `config_validation.validate`
+  every test batch. `config` is one that `config_fields.validate`
   passed.
   """
   if config.data_source == 'tfds':
@@ -297,6 +275,47 @@ def epoch_order(
   )
   steps = num_examples // batch_size
   return order[: steps * batch_size].reshape(steps, batch_size).astype(np.int32)
+
+
+def _shares(train_data) -> np.ndarray:
+  """The number of training examples of each process's share."""
+  return multihost_utils.process_allgather(np.int64(len(train_data['label'])))
+
+
+def steps_per_epoch(config: ml_collections.ConfigDict, train_data) -> int:
+  """Steps an epoch: every process takes as many, each from its own share."""
+  shares = _shares(train_data)
+  num_train = int(np.sum(shares))
+  if config.batch_size > num_train:
+    raise data_sources.DataError(
+        f'config.batch_size={config.batch_size} is larger than the {num_train} '
+        f'examples of config.train_split={config.train_split!r}: use at most '
+        f'{num_train}'
+    )
+  steps = int(np.min(shares)) // (config.batch_size // jax.process_count())
+  logging.info(
+      'Training on %d examples of %r (%d steps/epoch) on %d devices.',
+      num_train,
+      config.train_split,
+      steps,
+      jax.device_count(),
+  )
+  return steps
+
+
+def epoch_rest(config: ml_collections.ConfigDict, step: int, train_data):
+  """This process's indices into its `train_data`, per step from `step` on.
+
+  The steps left in the epoch of the run's global `step`: all of them at
+  its start. Every process takes as many steps, those of the smallest share.
+  """
+  local_batch = config.batch_size // jax.process_count()
+  steps = int(np.min(_shares(train_data))) // local_batch
+  epoch, done = divmod(step, steps)
+  order = epoch_order(
+      config.seed, epoch + 1, len(train_data['label']), local_batch
+  )
+  return order[done:steps]
 
 
 def eval_batches(

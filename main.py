@@ -30,9 +30,8 @@ from absl import flags
 from absl import logging
 import clu
 from clu import platform
-import config_validation
+import config_fields
 import errors
-import export
 import jax
 from ml_collections import config_flags
 import orbax.checkpoint
@@ -187,11 +186,12 @@ def main(argv):
   )
 
   try:
-    config_validation.validate(FLAGS.config)  # Before anything is written.
+    # Before anything is written.
+    config_fields.validate(FLAGS.config, jax.device_count())
     # Processes of one multi-host job share the workdir: process 0 holds it.
     with workdirs.exclusive(FLAGS.workdir, jax.process_index() == 0):
       if FLAGS.mode == 'export':
-        export.export_checkpoint(FLAGS.config, FLAGS.workdir)
+        train.export_checkpoint(FLAGS.config, FLAGS.workdir)
       else:
         train.train_and_evaluate(FLAGS.config, FLAGS.workdir, signals.asked)
   except train.Stopped as e:

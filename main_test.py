@@ -23,7 +23,7 @@ import time
 from absl import flags
 from configs import default
 import checkpoints
-import config_validation
+import config_fields
 import main
 import numpy as np
 import pytest
@@ -225,7 +225,7 @@ def test_a_real_process_prints_the_one_line_and_exits_1(workdir):
 def test_traceback_with_verbosity_1(run_main, workdir):
   config, directory, before = workdir
   with pytest.raises(
-      config_validation.ConfigError,
+      config_fields.ConfigError,
       match='^config.batch_size=0 is not allowed',
   ):
     run_main(
@@ -707,7 +707,7 @@ def test_a_damaged_latest_checkpoint_costs_only_it(
   assert warnings[0].startswith(
       f'The checkpoint of step 8 in {directory} cannot be restored ('
   )
-  (moved,) = glob.glob(os.path.join(workdir, workdirs.DAMAGED, '8-*'))
+  (moved,) = glob.glob(os.path.join(workdir, 'damaged_checkpoints', '8-*'))
   assert warnings[1] == (
       f'Moved the checkpoint of step 8, which cannot be restored, to {moved}.'
   )

@@ -36,6 +36,7 @@ from absl import app
 from absl import flags
 import jax
 import main
+import phases
 import summaries
 from tools import reference_loop
 
@@ -59,15 +60,10 @@ def summarize(
   Seconds per epoch are the intervals between epochs' test summaries, so
   they include evaluation; the median over epochs after the first leaves out
   compilation. Throughput is the median of the epochs' training images/s.
-  `seconds` holds the phases measured outside the run: start-up, compile.
-  Training's seconds include the compilation of its step; those of the
-  loop (the reference) are not summarised.
+  `seconds` holds the seconds of each phase: start-up and compilation,
+  measured here, and those of `phases.SECONDS`. Training's seconds include
+  the compilation of its step.
   """
-  phases = {
-      k.removeprefix('seconds_'): sum(v for v, _ in values.values())
-      for k, values in scalars.items()
-      if k.startswith('seconds_')
-  }
   accuracy = scalars['test_accuracy']
   epochs = sorted(accuracy)
   times = [accuracy[e][1] for e in epochs]
@@ -87,7 +83,7 @@ def summarize(
       'final_test_accuracy': accuracy[epochs[-1]][0],
       'best_test_accuracy': max(v for v, _ in accuracy.values()),
       'peak_rss_mb': round(peak_rss_mb, 1),
-      'seconds': {k: round(v, 2) for k, v in {**seconds, **phases}.items()},
+      'seconds': {k: round(v, 2) for k, v in seconds.items()},
   }
 
 
@@ -100,11 +96,13 @@ def run(argv) -> None:
       seconds['compile'] += duration
 
   jax.monitoring.register_event_duration_secs_listener(count_compile)
+  phases.SECONDS.clear()
   if FLAGS.reference:
     reference_loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   else:
     main.main(argv)
   peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  seconds.update(phases.SECONDS)
   result = summarize(
       summaries.read_scalars(FLAGS.workdir),
       time.perf_counter() - _START,

@@ -26,13 +26,9 @@ def test_summarize_takes_medians_after_the_first_epoch():
           4: (250.0, 0),
       },
   }
-  scalars['seconds_train'] = {4: (120.0, 0)}
-  scalars['seconds_evaluation'] = {4: (8.0, 0)}
+  seconds = {'startup': 4.0, 'compile': 3.5, 'train': 120.0, 'evaluation': 8.0}
   result = mnist_benchmark.summarize(
-      scalars,
-      wall_time_s=200.0,
-      peak_rss_mb=512.0,
-      seconds={'startup': 4.0, 'compile': 3.5},
+      scalars, wall_time_s=200.0, peak_rss_mb=512.0, seconds=seconds
   )
   assert result['seconds'] == {
       'startup': 4.0,

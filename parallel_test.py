@@ -9,8 +9,10 @@ import subprocess
 import sys
 import time
 
+import config_fields
 from configs import default
 import input_pipeline
+import jax
 import numpy as np
 import parallel
 import pytest
@@ -20,11 +22,12 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
 def small_run(config, workdir) -> dict:
-  """Trains `config` on every device; its summary and how it was sharded.
+  """Checks and trains `config` on every device; its summary and sharding.
 
   The summary, what the first batches' sharding is, and the number of test
   examples evaluation scored.
   """
+  config_fields.validate(config, jax.device_count())  # As main.py does.
   summary = train.train_and_evaluate(config, workdir)
   mesh = parallel.create_mesh()
   train_data, test_data = input_pipeline.load(config)

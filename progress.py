@@ -41,6 +41,7 @@ class EpochProgress:
     self._stream = stream or sys.stderr
     self.bar = self._stream.isatty()
     self._epoch, self._first, self._start = 0, 0, 0.0
+    self._last, self._last_time = 0, 0.0
 
   @classmethod
   def create(
@@ -74,6 +75,7 @@ class EpochProgress:
 
   def __call__(self, step: int) -> None:
     """Reports the run's global `step` reached, in the current epoch."""
+    self._last, self._last_time = step, time.perf_counter()
     if self.bar:
       self._stream.write(CLEAR_LINE)
     reported = self._report(step)
@@ -86,6 +88,12 @@ class EpochProgress:
           '\r' + self.line(in_epoch, seconds, step - self._first)
       )
       self._stream.flush()
+
+  @property
+  def images_per_sec(self) -> float:
+    """Training images a second, from the epoch's start to the last report."""
+    seconds = self._last_time - self._start
+    return (self._last - self._first) * self._batch_size / seconds
 
   def end(self) -> None:
     """Leaves the epoch's last bar on its own line."""

@@ -12,7 +12,6 @@ import contextlib
 import os
 import re
 
-from absl import logging
 from clu import asynclib
 from clu import metric_writers
 import errors
@@ -22,6 +21,7 @@ from matplotlib.backends import backend_agg
 import ml_collections
 import models
 import numpy as np
+import phases
 from PIL import Image
 from PIL import ImageDraw
 import tensorflow as tf
@@ -212,6 +212,7 @@ def write_run_info(
   )
 
 
+@phases.timed('summaries')
 def write_epoch(
     writer: metric_writers.MetricWriter,
     epoch: int,
@@ -222,7 +223,10 @@ def write_epoch(
     steps_done: int,
     last: bool,
 ) -> None:
-  """All of an epoch's summaries, flushed.
+  """All of an epoch's summaries, flushed, before the epoch's checkpoint.
+
+  A run killed between the two repeats the epoch, and the writer leaves out
+  what is already written.
 
   Its `scalars`; its misclassified test digits; its learning rate (that of
   its last step) if it is scheduled, since a constant rate is among the
@@ -243,22 +247,6 @@ def write_epoch(
         title=f'test set after epoch {epoch}',
     )
     writer.write_images(epoch, {'confusion_matrix': matrix[None]})
-  writer.flush()
-
-
-def write_seconds(
-    writer: metric_writers.MetricWriter, epoch: int, seconds: dict[str, float]
-) -> None:
-  """This process's seconds in each phase of the run, as `seconds_<phase>`.
-
-  Written at the last epoch, logged as one line too: where the time went
-  (a resumed run counts only its own part).
-  """
-  logging.info(
-      'Seconds spent: %s',
-      ', '.join(f'{phase} {s:.1f}' for phase, s in seconds.items()),
-  )
-  writer.write_scalars(epoch, {f'seconds_{k}': v for k, v in seconds.items()})
   writer.flush()
 
 

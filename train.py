@@ -1,20 +1,18 @@
 """Trains and evaluates the MNIST CNN; a library, free of side effects on import.
 
-`train_and_evaluate` is the Flax example's loop: check the config, load the
-data, create the model, optimizer and metrics, then per epoch train,
-evaluate, log, summarise and checkpoint; then export. The steps are the
+`train_and_evaluate` is the Flax example's loop: load the data, create the
+model, optimizer and metrics, then per epoch train, evaluate, log, summarise
+and checkpoint; then export. `export_checkpoint` exports a workdir's latest
+checkpoint without training. The steps are the
 example's (`train_step`, `eval_step`), run many to a dispatch in a jitted
 `lax.scan` over the split NNX state, as Flax's performance guide does it.
 """
 
-import collections
 import contextlib
 import functools
-import time
 
 from absl import logging
 import checkpoints
-import config_validation
 import cpu_levers
 import errors
 import export
@@ -29,6 +27,7 @@ import models
 import numpy as np
 import optax
 import parallel
+import phases
 import progress
 import summaries
 import workdirs
@@ -57,7 +56,7 @@ def create_model(config: ml_collections.ConfigDict) -> models.CNN:
   )
 
 
-def learning_rate(config: ml_collections.ConfigDict, total_steps: int):
+def learning_rate(config: ml_collections.ConfigDict, steps_per_epoch: int):
   """`config.learning_rate` as `config.lr_schedule` shapes it over training.
 
   'constant' is the Flax example's; 'one_cycle' warms up to the rate over
@@ -65,16 +64,18 @@ def learning_rate(config: ml_collections.ConfigDict, total_steps: int):
   reaches a given accuracy in fewer epochs.
   """
   if config.lr_schedule == 'one_cycle':
-    return optax.cosine_onecycle_schedule(total_steps, config.learning_rate)
+    return optax.cosine_onecycle_schedule(
+        config.num_epochs * steps_per_epoch, config.learning_rate
+    )
   return config.learning_rate
 
 
 def create_optimizer(
-    model: models.CNN, config: ml_collections.ConfigDict, total_steps: int
+    model: models.CNN, config: ml_collections.ConfigDict, steps_per_epoch: int
 ) -> nnx.Optimizer:
   """SGD with momentum over the model's parameters (not BatchNorm statistics)."""
   tx = optax.sgd(
-      learning_rate(config, total_steps),
+      learning_rate(config, steps_per_epoch),
       config.momentum,
       nesterov=config.nesterov,
   )
@@ -157,6 +158,7 @@ def _eval_batches(graphdef, state, batches):
   return jax.lax.scan(step, state, batches)
 
 
+@phases.timed('train')
 def train_epoch(
     model,
     optimizer,
@@ -179,12 +181,12 @@ def train_epoch(
   dispatch has finished, its losses are checked (a NaN would otherwise
   spread silently through the rest of the run), `on_steps(step)` is called
   with the global step reached, and `stop()` is asked whether to stop
-  there. Waiting for each dispatch makes progress reports true (JAX
+  there (on any process: all stop at the same step). Waiting for each dispatch makes progress reports true (JAX
   dispatches asynchronously); it costs about a millisecond of Python a call.
 
   Returns:
     The global step reached: `step + len(order)`, or less if `stop()` was
-    true.
+    true on any process.
 
   Raises:
     NonFiniteLoss: for the first step whose loss was NaN or infinite; the
@@ -205,24 +207,21 @@ def train_epoch(
         raise NonFiniteLoss(step + done + int(bad[0]), float(losses[bad[0]]))
       done += len(chunk)
       on_steps(step + done)
-      if stop():
+      if parallel.any_process(stop()):
         break
   finally:
     nnx.update((model, optimizer, metrics), state)
   return step + done
 
 
-def evaluate(model, metrics, batches) -> dict[str, float]:
-  """Metrics over all of `batches` (see `input_pipeline.eval_batches`)."""
-  return evaluate_and_predict(model, metrics, batches)[0]
-
-
+@phases.timed('evaluation')
 def evaluate_and_predict(
     model, metrics, batches
 ) -> tuple[dict[str, float], np.ndarray]:
-  """`evaluate`, and the predicted label of each example (padding dropped).
+  """Metrics over all of `batches` (see `input_pipeline.eval_batches`).
 
-  The predictions of every process's part of the batches, on every process.
+  And the predicted label of each example, padding dropped: those of every
+  process's part of the batches, on every process.
   """
   model.eval()
   metrics.reset()
@@ -253,50 +252,41 @@ def format_epoch(epoch: int, summary: dict[str, float]) -> str:
   )
 
 
-def _rest_of_epoch(config, step: int, train_data, steps_per_epoch: int):
-  """This process's indices into its `train_data`, per step from `step` on.
+def _test_batches(config, mesh, test_data):
+  """The test split in batches; this process's part of each, on `mesh`."""
+  batches = input_pipeline.eval_batches(test_data, config.eval_batch_size)
+  return parallel.global_batches(mesh, parallel.process_share(batches))
 
-  The steps left in the epoch of global `step`: all of them at its start.
-  """
-  epoch, done = divmod(step, steps_per_epoch)
-  order = input_pipeline.epoch_order(
-      config.seed,
-      epoch + 1,
-      len(train_data['label']),
-      config.batch_size // jax.process_count(),
+
+def _stopped(saved, position: str) -> Stopped:
+  """What to say when the run stopped, when asked, at `position`."""
+  return Stopped(
+      f'stopped ({position}) with a checkpoint in {saved.directory}: rerun '
+      'the same command to resume'
   )
-  return order[done:steps_per_epoch]
-
-
-def _steps_per_epoch(config: ml_collections.ConfigDict, train_data) -> int:
-  """Steps an epoch: every process takes as many, each from its own share."""
-  shares = multihost_utils.process_allgather(np.int64(len(train_data['label'])))
-  num_train = int(np.sum(shares))
-  if config.batch_size > num_train:
-    raise TrainingError(
-        f'config.batch_size={config.batch_size} is larger than the {num_train} '
-        f'examples of config.train_split={config.train_split!r}: use at most '
-        f'{num_train}'
-    )
-  steps = int(np.min(shares)) // (config.batch_size // jax.process_count())
-  logging.info(
-      'Training on %d examples of %r (%d steps/epoch) on %d devices.',
-      num_train,
-      config.train_split,
-      steps,
-      jax.device_count(),
-  )
-  return steps
 
 
 @contextlib.contextmanager
-def _timed(seconds: collections.Counter, phase: str):
-  """Adds the seconds that the block takes to `seconds[phase]`."""
-  start = time.perf_counter()
+def _nan_as_error(config, saved, steps_per_epoch: int):
+  """Turns a NonFiniteLoss into the TrainingError that the user reads.
+
+  The latest checkpoint, the last one before the divergence, is kept.
+  """
   try:
     yield
-  finally:
-    seconds[phase] += time.perf_counter() - start
+  except NonFiniteLoss as e:
+    latest = saved.latest_step()
+    kept = (
+        'no checkpoint was saved before it'
+        if latest is None
+        else 'the last good checkpoint '
+        f'({checkpoints.position(latest, steps_per_epoch)}) is kept'
+    )
+    raise TrainingError(
+        f'loss became {e.loss} at step {e.step + 1} (epoch '
+        f'{e.step // steps_per_epoch + 1}); {kept}; try a lower learning '
+        f'rate, e.g. --config.learning_rate={config.learning_rate / 10:g}'
+    ) from None
 
 
 def train_and_evaluate(
@@ -304,91 +294,94 @@ def train_and_evaluate(
 ) -> dict[str, float]:
   """Trains for `config.num_epochs`, evaluating after each, then exports.
 
-  Summaries go to `workdir`, checkpoints to `workdir/checkpoints`, the
-  SavedModel to `workdir/export/<config.export_model_name>/<version>/`. A
-  workdir with a checkpoint resumes from it, to the end that an
-  uninterrupted run reaches. Whatever can fail (config, workdir, checkpoint,
-  data) fails before training starts. `stop()` is asked after each dispatch
-  of steps: once it is true on any process, every process saves a checkpoint
-  at that step and raises `Stopped`.
-
-  Returns:
-    The last epoch's summary: train_loss, train_accuracy, test_loss and
-    test_accuracy (accuracies as fractions).
+  `config` must pass `config_fields.validate`. Resumes from `workdir`'s
+  checkpoint; `stop()` (asked after each dispatch) ends with one: `Stopped`.
   """
-  config_validation.validate(config)
-  run = checkpoints.Run(config, workdir)
+  saved = checkpoints.checked_manager(config, workdir)
   mesh = parallel.create_mesh()
-  seconds = collections.Counter()  # Where the run's time goes, by phase.
-  with _timed(seconds, 'data'):
-    train_data, test_data = input_pipeline.load(config)
-  steps_per_epoch = _steps_per_epoch(config, train_data)
-  batches = input_pipeline.eval_batches(test_data, config.eval_batch_size)
-  test_batches = parallel.global_batches(mesh, parallel.process_share(batches))
+  train_data, test_data = input_pipeline.load(config)
+  steps_per_epoch = input_pipeline.steps_per_epoch(config, train_data)
+  test_batches = _test_batches(config, mesh, test_data)
 
   model = create_model(config)
-  total_steps = config.num_epochs * steps_per_epoch
-  optimizer = create_optimizer(model, config, total_steps)
+  optimizer = create_optimizer(model, config, steps_per_epoch)
   metrics = create_metrics()
-  step, summary = run.resume(model, optimizer, metrics, steps_per_epoch)
   objects = (model, optimizer, metrics)
+  step, summary = checkpoints.resume(saved, config, *objects)
   nnx.update(objects, parallel.replicate(nnx.state(objects), mesh))
   writer = summaries.create_writer(workdir, config, nnx.state(model, nnx.Param))
   on_steps = progress.EpochProgress.create(config, steps_per_epoch, writer)
-  rate = learning_rate(config, total_steps)
-  agreed_stop = lambda: parallel.any_process(stop())
+  save = functools.partial(
+      checkpoints.save, saved, config, steps_per_epoch, objects
+  )
+  rate = learning_rate(config, steps_per_epoch)
 
   with cpu_levers.applied(config, model):
     for epoch in range(step // steps_per_epoch + 1, config.num_epochs + 1):
-      start, first = time.perf_counter(), step
       on_steps.start(epoch, step)
-      order = _rest_of_epoch(config, step, train_data, steps_per_epoch)
-      try:
+      with _nan_as_error(config, saved, steps_per_epoch):
         step = train_epoch(
             *objects,
             data=train_data,
-            order=order,
+            order=input_pipeline.epoch_rest(config, step, train_data),
             mesh=mesh,
             steps_per_call=config.steps_per_call,
             step=step,
             on_steps=on_steps,
-            stop=agreed_stop,
+            stop=stop,
         )
-      except NonFiniteLoss as e:
-        raise TrainingError(run.diverged(e.loss, e.step + 1)) from None
       on_steps.end()
-      if step < epoch * steps_per_epoch:
-        run.save(step, *objects, summary)
-        raise Stopped(run.stopped(step))
-      train_seconds = time.perf_counter() - start
-      seconds['train'] += train_seconds
+      if step < epoch * steps_per_epoch:  # Stopped within the epoch.
+        raise _stopped(saved, save(step, summary))
       summary = {f'train_{k}': v for k, v in compute_metrics(metrics).items()}
-      with _timed(seconds, 'evaluation'):
-        test, predicted = evaluate_and_predict(model, metrics, test_batches)
+      test, predicted = evaluate_and_predict(model, metrics, test_batches)
       summary.update({f'test_{k}': v for k, v in test.items()})
       logging.info('%s', format_epoch(epoch, summary))
-      # Summaries before the checkpoint: a run killed between the two repeats
-      # the epoch, and the writer leaves out what is already written.
-      images_per_sec = (step - first) * config.batch_size / train_seconds
-      scalars = {**summary, 'train_images_per_sec': images_per_sec}
+      scalars = {**summary, 'train_images_per_sec': on_steps.images_per_sec}
       last = epoch == config.num_epochs
-      with _timed(seconds, 'summaries'):
-        summaries.write_epoch(
-            writer, epoch, scalars, test_data, predicted, rate, step, last
-        )
-      stopping = agreed_stop() and not last
-      if stopping or last or epoch % config.checkpoint_every_epochs == 0:
-        with _timed(seconds, 'checkpoint'):
-          run.save(step, *objects, summary)
-      if stopping:
-        raise Stopped(run.stopped(step))
-
-  if jax.process_index() == 0:
-    with _timed(seconds, 'export'):
-      nnx.update(model, parallel.local_copy(nnx.state(model)))
-      path = export.export_saved_model(
-          model, workdirs.export_dir(workdir, config.export_model_name)
+      summaries.write_epoch(
+          writer, epoch, scalars, test_data, predicted, rate, step, last
       )
-    logging.info('Exported the SavedModel to %s', path)
-  summaries.write_seconds(writer, config.num_epochs, seconds)
+      if parallel.any_process(stop()) and not last:
+        raise _stopped(saved, save(step, summary))
+      if last or epoch % config.checkpoint_every_epochs == 0:
+        save(step, summary)
+  if jax.process_index() == 0:
+    _export(model, config, workdir)
   return summary
+
+
+def _export(model: models.CNN, config, workdir: str) -> str:
+  """Exports `model` as the next version of `config.export_model_name`."""
+  nnx.update(model, parallel.local_copy(nnx.state(model)))
+  path = export.export_saved_model(
+      model, workdirs.export_dir(workdir, config.export_model_name)
+  )
+  logging.info('Exported the SavedModel to %s', path)
+  return path
+
+
+def export_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """Exports the model of the latest checkpoint in `workdir`, without training.
+
+  `config` is one that `config_fields.validate` passed. Returns the version
+  directory written.
+
+  Raises:
+    workdirs.WorkdirError: no checkpoint that restores, or one of another
+      config.
+  """
+  saved = checkpoints.manager(workdir)
+  model = create_model(config)  # The checkpoint replaces every value.
+  meta, _ = checkpoints.restore_newest(saved, config, False, model=model)
+  if meta is None:
+    raise workdirs.WorkdirError(
+        f'no checkpoint in {saved.directory}: train first, with the same '
+        '--workdir and --config'
+    )
+  logging.info(
+      'Exporting the model of the checkpoint (%s) in %s.',
+      checkpoints.position(meta['step'], meta['steps_per_epoch']),
+      saved.directory,
+  )
+  return _export(model, config, workdir)

@@ -14,21 +14,31 @@ import contextlib
 import fcntl
 import os
 import socket
+import time
 
 from absl import logging
 import errors
 import tensorflow as tf
 
-CHECKPOINTS = 'checkpoints'
-# Where checkpoints that cannot be restored are moved, for the user to see.
-DAMAGED = 'damaged_checkpoints'
-EXPORT = 'export'
 LOCK_FILE = 'run.lock'
+
+
+def checkpoints_dir(workdir: str) -> str:
+  return os.path.join(workdir, 'checkpoints')
+
+
+def damaged_checkpoint_dir(workdir: str, step: int) -> str:
+  """Where the checkpoint of `step`, which cannot be restored, is moved.
+
+  Named by the time too: the same step may be damaged again in a later run.
+  """
+  now = time.strftime('%Y%m%d-%H%M%S')
+  return os.path.join(workdir, 'damaged_checkpoints', f'{step}-{now}')
 
 
 def export_dir(workdir: str, model_name: str) -> str:
   """The model directory that TF Serving watches: its versions go under it."""
-  return os.path.join(workdir, EXPORT, model_name)
+  return os.path.join(workdir, 'export', model_name)
 
 
 class WorkdirError(errors.UserError):

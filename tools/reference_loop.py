@@ -49,9 +49,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       input_pipeline.num_examples(builder, config.train_split)
       // config.batch_size
   )
-  optimizer = train.create_optimizer(
-      model, config, config.num_epochs * steps_per_epoch
-  )
+  optimizer = train.create_optimizer(model, config, steps_per_epoch)
   metrics = train.create_metrics()
   train_step = nnx.jit(train.train_step)
   eval_step = nnx.jit(train.eval_step)

@@ -28,7 +28,7 @@ import time
 from absl import app
 from absl import flags
 import classifiers
-import config_validation
+import config_fields
 import data_sources
 import numpy as np
 from PIL import Image
@@ -117,7 +117,7 @@ def main(argv):
     sys.exit(f'error: --model={FLAGS.model}: {e}')
   try:
     batches = inputs(FLAGS.config, FLAGS.batch)
-  except (config_validation.ConfigError, data_sources.DataError) as e:
+  except (config_fields.ConfigError, data_sources.DataError) as e:
     sys.exit(f'error: {e}')
   signatures = tf.saved_model.load(path).signatures
   for signature, (name, batch) in batches.items():
