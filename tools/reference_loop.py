@@ -1,4 +1,4 @@
-"""The Flax example's training step and loop: the baseline of speed and sums.
+"""The Flax example's training step and loop: the baseline the project meets.
 
 The design the Flax MNIST example (examples/mnist/train.py) publishes: the
 stock `nnx.Conv`, an `nnx.jit` step per batch, tf.data batches of a
