@@ -8,6 +8,7 @@ where that fails too, each test that needs them fails with one line saying
 why; the others run.
 """
 
+import gzip
 import os
 import shutil
 import tempfile
@@ -104,6 +105,47 @@ def copy_of_mnist_files(mnist_files, tmp_path) -> str:
   for name in os.listdir(directory):
     os.chmod(directory / name, 0o644)
   return str(directory)
+
+
+def _write_idx(path, array):
+  """`array` (uint8) as an IDX file: magic 0x0800 + ndim, sizes, bytes."""
+  header = np.array([0x800 + array.ndim, *array.shape], '>u4').tobytes()
+  with gzip.open(path, 'wb') as f:
+    f.write(header + array.tobytes())
+
+
+@pytest.fixture
+def small_files(mnist_files, tmp_path) -> str:
+  """The first 300 training and 100 test examples of MNIST, as IDX files."""
+  directory = tmp_path / 'small'
+  directory.mkdir()
+  for split, size in (('train', 300), ('test', 100)):
+    for name, ndim in zip(data_sources.IDX_FILES[split], (3, 1)):
+      full = data_sources.read_idx(
+          os.path.join(mnist_files, name + '.gz'), ndim
+      )
+      _write_idx(directory / (name + '.gz'), full[:size])
+  return str(directory)
+
+
+@pytest.fixture(scope='session')
+def assert_same_arrays():
+  """Checks that two `Arrays` are equal: keys, dtypes, shapes and values.
+
+  A fixture, so that the tests of every source share it without importing
+  each other.
+  """
+
+  def check(actual, expected):
+    assert actual.keys() == expected.keys() == {'image', 'label'}
+    for k in expected:
+      assert (
+          actual[k].dtype == expected[k].dtype
+          and actual[k].shape == expected[k].shape
+      )
+      np.testing.assert_array_equal(actual[k], expected[k])
+
+  return check
 
 
 @pytest.fixture(scope='session')

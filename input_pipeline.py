@@ -48,9 +48,20 @@ def normalize(images) -> jax.Array:
 def get_builder(config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
   """Returns the TFDS builder of `config.dataset`, prepared if it was not."""
   builder = tfds.builder(config.dataset, data_dir=config.data_dir or None)
-  if not builder.is_prepared():
+  if not _is_prepared(builder):
     _prepare(builder, config)
   return builder
+
+
+def _is_prepared(builder) -> bool:
+  """`builder.is_prepared()`, without its warning where nothing is prepared.
+
+  TFDS logs 'Variant folder ... has no dataset_info.json' each time it finds
+  a data set unprepared: on every first run, and offline just before the
+  run's own one-line error. The file it looks for is looked for first here.
+  """
+  info = builder.data_path / 'dataset_info.json'
+  return info.exists() and builder.is_prepared()
 
 
 def manual_dir(config: ml_collections.ConfigDict, builder) -> tuple[str, bool]:

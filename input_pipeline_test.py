@@ -1,12 +1,12 @@
-"""Tests of the input pipeline on the real MNIST files."""
+"""Tests of the input pipeline on the real MNIST files: TFDS, splits, batches.
+
+The other sources' own tests are in data_sources_test.py.
+"""
 
 import glob
-import gzip
-import importlib.util
 import logging
 import os
 import shutil
-import sys
 
 from configs import default
 import data_sources
@@ -166,125 +166,6 @@ def test_corrupt_file_names_directory_and_file(copy_of_mnist_files, tmp_path):
   )
 
 
-# The other sources, on the same small real files.
-
-
-def _write_idx(path, array):
-  """`array` (uint8) as an IDX file: magic 0x0800 + ndim, sizes, bytes."""
-  header = np.array([0x800 + array.ndim, *array.shape], '>u4').tobytes()
-  with gzip.open(path, 'wb') as f:
-    f.write(header + array.tobytes())
-
-
-@pytest.fixture
-def small_files(mnist_files, tmp_path):
-  """The first 300 training and 100 test examples of MNIST, as IDX files."""
-  directory = tmp_path / 'small'
-  directory.mkdir()
-  for split, size in (('train', 300), ('test', 100)):
-    for name, ndim in zip(data_sources.IDX_FILES[split], (3, 1)):
-      full = data_sources.read_idx(
-          os.path.join(mnist_files, name + '.gz'), ndim
-      )
-      _write_idx(directory / (name + '.gz'), full[:size])
-  return str(directory)
-
-
-def _assert_same(actual, expected):
-  assert actual.keys() == expected.keys() == {'image', 'label'}
-  for k in expected:
-    assert (
-        actual[k].dtype == expected[k].dtype
-        and actual[k].shape == expected[k].shape
-    )
-    np.testing.assert_array_equal(actual[k], expected[k])
-
-
-def test_idx_source_reads_the_original_files(small_files):
-  train, test = input_pipeline.load(
-      _config(data_source='idx', manual_dir=small_files)
-  )
-  assert (
-      train['image'].shape == (300, 28, 28, 1)
-      and train['image'].dtype == np.uint8
-  )
-  assert test['label'].shape == (100,) and test['label'].dtype == np.int32
-  assert test['label'][:10].tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
-  assert train['image'].min() == 0 and train['image'].max() == 255
-
-
-def test_hf_sources_give_the_idx_arrays(small_files, tmp_path):
-  import datasets  # pylint: disable=g-import-not-at-top
-  from PIL import Image  # pylint: disable=g-import-not-at-top
-
-  idx = _config(data_source='idx', manual_dir=small_files)
-  raw = {}
-  for split in ('train', 'test'):
-    names = data_sources.IDX_FILES[split]
-    raw[split] = [
-        data_sources.read_idx(os.path.join(small_files, n + '.gz'), d)
-        for n, d in zip(names, (3, 1))
-    ]
-  label = datasets.ClassLabel(num_classes=10)
-  # A save_to_disk directory of Array2D images: one Arrow read.
-  arrays = datasets.DatasetDict(
-      {
-          split: datasets.Dataset.from_dict(
-              {'image': images, 'label': labels},
-              features=datasets.Features(
-                  {'image': datasets.Array2D((28, 28), 'uint8'), 'label': label}
-              ),
-          )
-          for split, (images, labels) in raw.items()
-      }
-  )
-  arrays.save_to_disk(str(tmp_path / 'saved'))
-  # Parquet files of PNG images, laid out as the Hub's ylecun/mnist.
-  (tmp_path / 'hub' / 'mnist').mkdir(parents=True)
-  for split, (images, labels) in raw.items():
-    datasets.Dataset.from_dict(
-        {'image': [Image.fromarray(i) for i in images], 'label': labels},
-        features=datasets.Features({'image': datasets.Image(), 'label': label}),
-    ).to_parquet(
-        str(tmp_path / 'hub' / 'mnist' / f'{split}-00000-of-00001.parquet')
-    )
-
-  expected = input_pipeline.load(idx)
-  for directory in ('saved', 'hub'):
-    config = _config(data_source='hf', data_dir=str(tmp_path / directory))
-    for actual, wanted in zip(input_pipeline.load(config), expected):
-      _assert_same(actual, wanted)
-  _assert_same(data_sources.hf_arrays(arrays['test']), expected[1])
-
-
-def test_torchvision_source_gives_the_idx_arrays(small_files, tmp_path):
-  """Opt-in: torchvision brings PyTorch, which `make test` leaves out.
-
-  Not imported here: this process has TensorFlow, and torchvision brings
-  triton, which aborts a process that loaded TensorFlow first. The source
-  reads in a process of its own; that is what this test runs.
-  """
-  if importlib.util.find_spec('torchvision') is None:
-    pytest.skip('opt-in: the torchvision extra, uv sync --extra torchvision')
-  raw = tmp_path / 'MNIST' / 'raw'  # torchvision's layout, uncompressed.
-  raw.mkdir(parents=True)
-  for name in os.listdir(small_files):
-    with gzip.open(os.path.join(small_files, name)) as f:
-      (raw / name[: -len('.gz')]).write_bytes(f.read())
-  expected = input_pipeline.load(
-      _config(data_source='idx', manual_dir=small_files)
-  )
-  config = _config(data_source='torchvision', data_dir=str(tmp_path))
-  for actual, wanted in zip(input_pipeline.load(config), expected):
-    _assert_same(actual, wanted)
-
-
-def test_missing_torchvision_says_how_to_install_it(monkeypatch):
-  monkeypatch.setitem(sys.modules, 'torchvision', None)  # Import fails.
-  with pytest.raises(data_sources.DataError, match='pip install torchvision'):
-    input_pipeline.load(_config(data_source='torchvision'))
-
-
 def _canonical(arrays):
   """The examples sorted by label, then pixels: an order-free comparison."""
   flat = arrays['image'].reshape(len(arrays['label']), -1)
@@ -293,17 +174,17 @@ def _canonical(arrays):
 
 
 def test_tfds_gives_the_examples_of_the_original_files(
-    mnist_data_dir, mnist_files
+    mnist_data_dir, mnist_files, assert_same_arrays
 ):
   # TFDS orders the examples its own way, so compare them in a common order.
   _, expected = input_pipeline.load(
       _config(data_source='idx', manual_dir=mnist_files)
   )
   _, actual = input_pipeline.load(_config(data_dir=mnist_data_dir))
-  _assert_same(_canonical(actual), _canonical(expected))
+  assert_same_arrays(_canonical(actual), _canonical(expected))
 
 
-def test_other_sources_slice_splits_like_tfds(small_files):
+def test_other_sources_slice_splits_like_tfds(small_files, assert_same_arrays):
   config = _config(
       data_source='idx',
       manual_dir=small_files,
@@ -314,61 +195,5 @@ def test_other_sources_slice_splits_like_tfds(small_files):
   whole, whole_test = input_pipeline.load(
       _config(data_source='idx', manual_dir=small_files)
   )
-  _assert_same(train, {k: v[:30] for k, v in whole.items()})
-  _assert_same(test, {k: v[95:] for k, v in whole_test.items()})
-
-
-def test_truncated_idx_file_is_named(small_files):
-  path = os.path.join(small_files, 'train-images-idx3-ubyte.gz')
-  with open(path, 'r+b') as f:
-    f.truncate(1000)
-  with pytest.raises(data_sources.DataError, match=f'^{path}: cannot be read'):
-    input_pipeline.load(_config(data_source='idx', manual_dir=small_files))
-
-
-def test_short_idx_file_is_named(tmp_path):
-  path = tmp_path / 'images'
-  path.write_bytes(np.array([0x803, 5, 28, 28], '>u4').tobytes() + bytes(100))
-  with pytest.raises(
-      data_sources.DataError,
-      match=f'^{path}: 116 bytes, but its header says .5, 28, 28., 3936 bytes',
-  ):
-    data_sources.read_idx(str(path), 3)
-
-
-def test_wrong_idx_file_is_named(small_files):
-  # A labels file where the images should be.
-  images = os.path.join(small_files, 'train-images-idx3-ubyte.gz')
-  os.replace(os.path.join(small_files, 'train-labels-idx1-ubyte.gz'), images)
-  with pytest.raises(
-      data_sources.DataError,
-      match=f'^{images}: not an IDX file of 3-dimensional unsigned bytes '
-      r'\(magic number 0x801, expected 0x803\)$',
-  ):
-    input_pipeline.load(_config(data_source='idx', manual_dir=small_files))
-
-
-def test_missing_idx_file_is_named(small_files):
-  os.remove(os.path.join(small_files, 't10k-labels-idx1-ubyte.gz'))
-  with pytest.raises(
-      data_sources.DataError,
-      match=f'^{small_files}: missing t10k-labels-idx1-ubyte.gz',
-  ):
-    input_pipeline.load(_config(data_source='idx', manual_dir=small_files))
-
-
-def test_fashion_mnist_from_debian_package(monkeypatch, mnist_files):
-  directory = data_sources.DEFAULT_IDX_DIRS['fashion_mnist']
-  if not os.path.isdir(directory):
-    pytest.skip(f'no {directory}: apt-get install dataset-fashion-mnist')
-  # $MNIST_MANUAL_DIR holds MNIST: Fashion-MNIST does not read it.
-  monkeypatch.setenv(data_sources.MANUAL_DIR_ENV, mnist_files)
-  train, test = input_pipeline.load(
-      _config(data_source='idx', dataset='fashion_mnist')
-  )
-  assert train['image'].shape == (60_000, 28, 28, 1)
-  assert np.bincount(test['label']).tolist() == [1000] * 10
-  mnist = input_pipeline.load(
-      _config(data_source='idx', test_split='test[:100]')
-  )[1]
-  assert not np.array_equal(test['image'][:100], mnist['image'])
+  assert_same_arrays(train, {k: v[:30] for k, v in whole.items()})
+  assert_same_arrays(test, {k: v[95:] for k, v in whole_test.items()})

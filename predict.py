@@ -27,18 +27,23 @@ ops need it) names the flag that turns it on, a server built on a TensorFlow
 older than 2.20 (which cannot read the export's StableHLO) says so.
 """
 
+import os
 import sys
 
 import tensorflow_startup
 
-if __name__ == '__main__':  # Before TensorFlow's first import.
+if __name__ == '__main__':  # Before TensorFlow's and gRPC's first import.
   # Level 2: TensorFlow's C++ warnings too, such as an op's failure, which
   # the one-line error that predict.py prints names already.
   tensorflow_startup.quiet(sys.argv, min_log_level=2)
+  # gRPC's C core logs its INFO lines too where GRPC_VERBOSITY is not set (it
+  # leaves absl's default), a failed TLS handshake among them, which the
+  # one-line error names already; its errors still show, and with -v 1 all.
+  if tensorflow_startup.verbosity(sys.argv) < 1:
+    os.environ.setdefault('GRPC_VERBOSITY', 'ERROR')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import json
-import os
 
 from absl import app
 from absl import flags

@@ -957,7 +957,7 @@ def test_tls_refuses_a_certificate_that_does_not_verify(way, tls_standin, pngs):
   ), err[0]
 
 
-def test_command_tls(tls_standin, certificate, pngs):
+def test_command_tls(tls_standin, grpc_server, certificate, pngs):
   ca_file = f'--ca_file={certificate["ca_file"]}'
   for server_flags in (
       [f'--server=https://{tls_standin.rest}', ca_file],
@@ -981,3 +981,20 @@ def test_command_tls(tls_standin, certificate, pngs):
     result = _predict(*server_flags, pngs[0])
     assert result.returncode == 1
     assert cause in result.stderr
+  # A failed handshake, with no CA named or over TLS to a plain server: the
+  # one-line error alone, without gRPC's log line of the handshake before it.
+  for server_flags, cause in (
+      (
+          [f'--grpc={tls_standin.grpc}', '--grpc_tls'],
+          f'server {tls_standin.grpc}: certificate verify failed',
+      ),
+      (
+          [f'--grpc={grpc_server}', '--grpc_tls'],
+          f'server {grpc_server} does not answer (UNAVAILABLE',
+      ),
+  ):
+    result = _predict(*server_flags, pngs[0])
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f'error: {pngs[0]}: {cause}'), lines[0]

@@ -13,6 +13,7 @@ import parallel
 import pytest
 import summaries
 import tensorflow as tf
+from tools import reference_loop
 import train
 import workdirs
 
@@ -38,31 +39,20 @@ def test_evaluate_counts_every_test_example_once(small_config):
   assert got['loss'] == pytest.approx(expected_loss, rel=1e-5)
 
 
-def _reference_steps(config, images, labels, order):
-  """The Flax example's loop: the stock `nnx.Conv`, an `nnx.jit` step a batch."""
-  model = train.create_model(config)
-  optimizer = train.create_optimizer(model, config, len(order))
-  metrics = train.create_metrics()
-  step = nnx.jit(train.train_step)
-  model.train()
-  for indices in order:
-    step(
-        model,
-        optimizer,
-        metrics,
-        {'image': images[indices], 'label': labels[indices]},
-    )
-  return model, metrics
-
-
-def test_fast_steps_match_the_straightforward_loop(small_config):
+def test_fast_steps_match_the_flax_examples_steps(small_config):
   config = small_config()
   data, _ = input_pipeline.load(config)
   order = input_pipeline.epoch_order(config.seed, 1, 1024, config.batch_size)[
       :6
   ]
-  expected, expected_metrics = _reference_steps(
-      config, data['image'], data['label'], order
+  # The example's loop: the stock `nnx.Conv`, an `nnx.jit` step a batch.
+  expected = train.create_model(config)
+  expected_metrics = train.create_metrics()
+  reference_loop.train_steps(
+      expected,
+      train.create_optimizer(expected, config, len(order)),
+      expected_metrics,
+      ({k: v[i] for k, v in data.items()} for i in order),
   )
   model = train.create_model(config)
   optimizer = train.create_optimizer(model, config, len(order))
