@@ -16,16 +16,15 @@ that restores (`resume`).
 """
 
 import json
-import os
 import re
 
 from absl import logging
 import config_fields
+from etils import epath
 from flax import nnx
 import ml_collections
 import orbax.checkpoint as ocp
 import phases
-import tensorflow as tf
 import workdirs
 
 
@@ -266,10 +265,10 @@ def resume(checkpoints, config, model, optimizer, metrics):
 
 
 def _move_aside(checkpoints, step: int) -> None:
-  directory = str(checkpoints.directory)  # <workdir>/checkpoints
-  damaged = workdirs.damaged_checkpoint_dir(os.path.dirname(directory), step)
-  tf.io.gfile.makedirs(os.path.dirname(damaged))
-  tf.io.gfile.rename(os.path.join(directory, str(step)), damaged)
+  directory = checkpoints.directory  # <workdir>/checkpoints, an epath.Path
+  damaged = workdirs.damaged_checkpoint_dir(str(directory.parent), step)
+  epath.Path(damaged).parent.mkdir(parents=True, exist_ok=True)
+  (directory / str(step)).rename(damaged)
   logging.warning(
       'Moved the checkpoint of step %d, which cannot be restored, to %s.',
       step,

@@ -13,12 +13,12 @@
 import contextlib
 import fcntl
 import os
+import pathlib
 import socket
 import time
 
 from absl import logging
 import errors
-import tensorflow as tf
 
 LOCK_FILE = 'run.lock'
 
@@ -46,18 +46,38 @@ class WorkdirError(errors.UserError):
 
 
 def prepare(workdir: str) -> None:
-  """Creates `workdir` if need be and checks that files can be written in it."""
+  """Creates `workdir` if need be and checks that files can be written in it.
+
+  A local directory (see `exclusive`): plain file operations.
+  """
   probe = os.path.join(workdir, f'.write_test.{os.getpid()}')
   try:
-    tf.io.gfile.makedirs(workdir)
-    with tf.io.gfile.GFile(probe, 'w') as f:
-      f.write('')
-    tf.io.gfile.remove(probe)
-  except tf.errors.OpError as e:
+    os.makedirs(workdir, exist_ok=True)
+    with open(probe, 'w'):
+      pass
+    os.remove(probe)
+  except OSError as e:
+    in_the_way = _file_in_the_way(workdir)
+    cause = (
+        f'{in_the_way} is not a directory'
+        if in_the_way
+        else f'{e.filename}: {e.strerror}'
+    )
     raise WorkdirError(
-        f'cannot create or write the workdir {workdir} ({e.message}): '
+        f'cannot create or write the workdir {workdir} ({cause}): '
         'choose a --workdir that can be created and written'
     ) from None
+
+
+def _file_in_the_way(workdir: str) -> str | None:
+  """The file that stands where `workdir`'s path needs a directory, if any.
+
+  os names the directory that it could not create ('/tmp/file/w: Not a
+  directory'); the user has to move /tmp/file.
+  """
+  path = pathlib.Path(workdir)
+  nearest = next(p for p in (path, *path.parents) if p.exists())
+  return None if nearest.is_dir() else str(nearest)
 
 
 def _locked(path: str, workdir: str):
