@@ -22,6 +22,7 @@ if __name__ == '__main__':  # Before the imports below, which take seconds.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import asyncio
+import importlib.util
 import os
 import signal
 
@@ -35,7 +36,6 @@ import errors
 import jax
 from ml_collections import config_flags
 import orbax.checkpoint
-import tensorflow as tf
 import train
 import workdirs
 
@@ -110,13 +110,15 @@ class QuietLibraries(logging.logging.Filter):
   the run logs one of its own instead. When a write fails, orbax's threads
   and their asyncio loops log the error with its traceback, several times;
   the run ends with one line naming it; so do clu's summary writer threads.
-  Other warnings and errors pass.
+  Other warnings and errors pass. TensorFlow's directory is found without
+  importing it: a run imports it only when it needs it.
   """
 
   def __init__(self):
     super().__init__()
     orbax_dir = os.path.dirname(os.path.dirname(orbax.checkpoint.__file__))
-    self._dirs = (orbax_dir + os.sep, os.path.dirname(tf.__file__) + os.sep)
+    tf_dir = os.path.dirname(importlib.util.find_spec('tensorflow').origin)
+    self._dirs = (orbax_dir + os.sep, tf_dir + os.sep)
     self._threads_dirs = (
         orbax_dir + os.sep,
         os.path.dirname(asyncio.__file__) + os.sep,
@@ -152,9 +154,6 @@ def main(argv):
   if FLAGS.verbosity < 1:
     logging.get_absl_handler().addFilter(QUIET_LIBRARIES)
     sys.unraisablehook = log_unraisable
-  # Hide any GPUs from TensorFlow: it would otherwise reserve their memory,
-  # which JAX needs.
-  tf.config.experimental.set_visible_devices([], 'GPU')
 
   if FLAGS.compilation_cache_dir and not jax.config.jax_compilation_cache_dir:
     jax.config.update(
@@ -190,6 +189,9 @@ def main(argv):
     config_fields.validate(FLAGS.config, jax.device_count())
     # Processes of one multi-host job share the workdir: process 0 holds it.
     with workdirs.exclusive(FLAGS.workdir, jax.process_index() == 0):
+      # The summaries and the export need TensorFlow (and TFDS' decoding):
+      # imported now, once the config and the workdir are known to be good.
+      tensorflow_startup.hide_gpus()
       if FLAGS.mode == 'export':
         train.export_checkpoint(FLAGS.config, FLAGS.workdir)
       else:

@@ -144,6 +144,23 @@ def workdir(trained, tmp_path):
   return config, copy, _snapshot(copy)
 
 
+def test_tensorflow_is_imported_only_when_a_run_needs_it():
+  """Not with the app's modules: it takes seconds, and a mistake needs none.
+
+  A run imports it for its summaries and export, once its config and
+  workdir are checked (`tensorflow_startup.hide_gpus`).
+  """
+  script = 'import sys, main; print("tensorflow" in sys.modules)'
+  result = subprocess.run(
+      [sys.executable, '-c', script],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      check=True,
+  )
+  assert result.stdout == 'False\n'
+
+
 def test_workdir_is_required(run_main, capsys):
   assert run_main('--config=configs/default.py') == 1
   assert 'Flag --workdir must have a value other than None' in (

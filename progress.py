@@ -11,11 +11,14 @@ writer logs from a thread of its own: the bar waits for it to finish).
 
 import sys
 import time
+import typing
 from typing import TextIO
 
-from clu import metric_writers
-from clu import periodic_actions
 import ml_collections
+
+if typing.TYPE_CHECKING:  # clu's writers import TensorFlow: see `create`.
+  from clu import metric_writers
+  from clu import periodic_actions
 
 WIDTH = 20  # Characters of the bar itself.
 CLEAR_LINE = '\r\x1b[K'
@@ -26,11 +29,11 @@ class EpochProgress:
 
   def __init__(
       self,
-      report_progress: periodic_actions.ReportProgress,
+      report_progress: 'periodic_actions.ReportProgress',
       steps_per_epoch: int,
       batch_size: int,
       num_epochs: int,
-      writer: metric_writers.MetricWriter | None = None,
+      writer: 'metric_writers.MetricWriter | None' = None,
       stream: TextIO | None = None,
   ):
     self._report = report_progress
@@ -48,9 +51,15 @@ class EpochProgress:
       cls,
       config: ml_collections.ConfigDict,
       steps_per_epoch: int,
-      writer: metric_writers.MetricWriter,
+      writer: 'metric_writers.MetricWriter',
   ) -> 'EpochProgress':
-    """With clu's ReportProgress every `config.progress_every_secs`."""
+    """With clu's ReportProgress every `config.progress_every_secs`.
+
+    Its module imports TensorFlow, through clu's writers: here, where the
+    run has a writer, not with this module.
+    """
+    from clu import periodic_actions  # pylint: disable=g-import-not-at-top
+
     report_progress = periodic_actions.ReportProgress(
         num_train_steps=config.num_epochs * steps_per_epoch,
         writer=writer,

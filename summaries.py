@@ -1,8 +1,10 @@
 """TensorBoard summaries: the writer, the images and texts, reading them back.
 
 `create_writer` gives the run's clu metric writer, which leaves out what an
-interrupted run already wrote. The images (mistakes, confusion matrix) are
-drawn here as uint8 RGB arrays (matplotlib draws into an Agg canvas of its
+interrupted run already wrote. clu's writers write with TensorFlow, which
+takes seconds to import: it is imported when a writer is created or event
+files are read, not with this module. The images (mistakes, confusion
+matrix) are drawn here as uint8 RGB arrays (matplotlib draws into an Agg canvas of its
 own: no display, no pyplot state) and written through that writer, like the
 scalars; train.py calls the `write_*` functions. `read_scalars`, `read_images` and `read_texts` read a
 workdir's event files back, for plot.py, the benchmark and the tests.
@@ -11,9 +13,9 @@ workdir's event files back, for plot.py, the benchmark and the tests.
 import contextlib
 import os
 import re
+import typing
 
 from clu import asynclib
-from clu import metric_writers
 import errors
 import jax
 from matplotlib import figure
@@ -24,7 +26,9 @@ import numpy as np
 import phases
 from PIL import Image
 from PIL import ImageDraw
-import tensorflow as tf
+
+if typing.TYPE_CHECKING:
+  from clu import metric_writers  # Imports TensorFlow.
 
 # The misclassified grid: GRID x GRID cells of a digit SCALE times its size,
 # a caption under each and a header line. Its size is the same every epoch,
@@ -55,6 +59,8 @@ class WriteError(errors.UserError):
 @contextlib.contextmanager
 def _write_errors():
   """Raises what a failed write raises, deferred by clu's writer, as WriteError."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   try:
     yield
   except (asynclib.AsyncError, tf.errors.OpError, OSError) as e:
@@ -70,7 +76,9 @@ class NewStepsWriter:
   here or in the writer's thread, raises WriteError.
   """
 
-  def __init__(self, writer: metric_writers.MetricWriter, last: dict[str, int]):
+  def __init__(
+      self, writer: 'metric_writers.MetricWriter', last: dict[str, int]
+  ):
     self._writer, self._last = writer, last
 
   def _new(self, step: int, values: dict) -> dict:
@@ -109,6 +117,8 @@ def create_writer(
   `params` (a pytree of the trained parameters); a resumed run has them.
   Only process 0 writes event files; the others log.
   """
+  from clu import metric_writers  # pylint: disable=g-import-not-at-top
+
   last = last_steps(workdir)
   writer = metric_writers.create_default_writer(
       workdir, just_logging=jax.process_index() > 0
@@ -194,7 +204,7 @@ def confusion_matrix_image(matrix: np.ndarray, title: str = '') -> np.ndarray:
 
 
 def write_run_info(
-    writer: metric_writers.MetricWriter,
+    writer: 'metric_writers.MetricWriter',
     config: ml_collections.ConfigDict,
     params,
 ) -> None:
@@ -214,7 +224,7 @@ def write_run_info(
 
 @phases.timed('summaries')
 def write_epoch(
-    writer: metric_writers.MetricWriter,
+    writer: 'metric_writers.MetricWriter',
     epoch: int,
     scalars: dict[str, float],
     test: dict[str, np.ndarray],
@@ -251,17 +261,21 @@ def write_epoch(
 
 
 def _events(workdir: str):
-  """(step, wall time, summary value) of every value in `workdir`'s events.
+  """(step, wall time, summary value, its tensor) of each value in the events.
 
-  A killed run may leave its last record unfinished: what precedes it is read.
+  Those of `workdir`, the tensor as an array. A killed run may leave its last
+  record unfinished: what precedes it is read.
   """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   pattern = os.path.join(workdir, 'events.out.tfevents.*')
   for path in sorted(tf.io.gfile.glob(pattern)):
     try:
       for record in tf.data.TFRecordDataset(path):
         event = tf.compat.v1.Event.FromString(record.numpy())
         for value in event.summary.value:
-          yield event.step, event.wall_time, value
+          tensor = tf.make_ndarray(value.tensor)
+          yield event.step, event.wall_time, value, tensor
     except tf.errors.DataLossError:
       pass
 
@@ -269,7 +283,7 @@ def _events(workdir: str):
 def last_steps(workdir: str) -> dict[str, int]:
   """tag -> the last step of it that the event files in `workdir` hold."""
   last = {}
-  for step, _, value in _events(workdir):
+  for step, _, value, _ in _events(workdir):
     last[value.tag] = max(step, last.get(value.tag, 0))
   return last
 
@@ -277,8 +291,7 @@ def last_steps(workdir: str) -> dict[str, int]:
 def read_scalars(workdir: str) -> dict[str, dict[int, tuple[float, float]]]:
   """tag -> step -> (value, wall time) of the scalar summaries in `workdir`."""
   scalars = {}
-  for step, wall_time, value in _events(workdir):
-    tensor = tf.make_ndarray(value.tensor)
+  for step, wall_time, value, tensor in _events(workdir):
     if tensor.ndim == 0 and tensor.dtype.kind == 'f':
       scalars.setdefault(value.tag, {})[step] = (float(tensor), wall_time)
   return scalars
@@ -291,16 +304,16 @@ def read_images(workdir: str) -> dict[str, dict[int, bytes]]:
   written; these summaries hold one.
   """
   images = {}
-  for step, _, value in _events(workdir):
+  for step, _, value, tensor in _events(workdir):
     if value.metadata.plugin_data.plugin_name == 'images':
-      images.setdefault(value.tag, {})[step] = tf.make_ndarray(value.tensor)[2]
+      images.setdefault(value.tag, {})[step] = tensor[2]
   return images
 
 
 def read_texts(workdir: str) -> dict[str, str]:
   """tag -> the last text summary of that tag in `workdir` (markdown)."""
   texts = {}
-  for _, _, value in _events(workdir):
+  for _, _, value, tensor in _events(workdir):
     if value.metadata.plugin_data.plugin_name == 'text':
-      texts[value.tag] = tf.make_ndarray(value.tensor).item().decode()
+      texts[value.tag] = tensor.item().decode()
   return texts

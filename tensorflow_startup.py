@@ -1,4 +1,4 @@
-"""Keeps TensorFlow's start-up lines from the user, unless asked for.
+"""Keeps TensorFlow's start-up lines from the user, and its hands off the GPUs.
 
 On x86 CPUs with AVX-512 VNNI or bf16, AVX-VNNI or AMX (recent Intel Xeons,
 AMD Zen 4 and 5), TensorFlow turns on its oneDNN custom operations when it
@@ -11,7 +11,8 @@ data, SavedModels and answers either way (see docs/tensorflow_startup.md).
 
 Each entry point calls `quiet` before anything imports TensorFlow. A
 variable the user set is left as it is; with `--verbosity=1` (or `-v 1`)
-nothing is set, and TensorFlow prints what it prints.
+nothing is set, and TensorFlow prints what it prints. `main.py` then calls
+`hide_gpus` when its run is about to need TensorFlow.
 """
 
 import os
@@ -46,3 +47,15 @@ def quiet(argv: Sequence[str], min_log_level: int = 1) -> None:
     return
   os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', str(min_log_level))
+
+
+def hide_gpus() -> None:
+  """Imports TensorFlow and hides the GPUs from it: their memory is JAX's.
+
+  TensorFlow would otherwise reserve most of a GPU's memory at its first
+  operation (a summary, TFDS' decoding, the export). Call it before that,
+  after `quiet`; the import takes seconds, so not before a run needs it.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  tf.config.experimental.set_visible_devices([], 'GPU')

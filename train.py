@@ -15,7 +15,6 @@ from absl import logging
 import checkpoints
 import cpu_levers
 import errors
-import export
 from flax import nnx
 import input_pipeline
 import jax
@@ -352,7 +351,13 @@ def train_and_evaluate(
 
 
 def _export(model: models.CNN, config, workdir: str) -> str:
-  """Exports `model` as the next version of `config.export_model_name`."""
+  """Exports `model` as the next version of `config.export_model_name`.
+
+  export.py imports TensorFlow and jax2tf, seconds of imports: here, when a
+  run exports, not with this module.
+  """
+  import export  # pylint: disable=g-import-not-at-top
+
   nnx.update(model, parallel.local_copy(nnx.state(model)))
   path = export.export_saved_model(
       model, workdirs.export_dir(workdir, config.export_model_name)
