@@ -29,8 +29,9 @@ import orbax.checkpoint as ocp
 import tensorflow as tf
 import workdirs
 
-# Config fields that a resumed run may change: they change neither the state
-# that training reaches nor the order of the data.
+# Config fields that a resumed run may change: they change neither the order
+# of the data nor what training computes, only its rounding (the CPU levers,
+# which apply on a CPU only).
 RESUMABLE_CHANGES = frozenset(
     {
         'num_epochs',
@@ -45,6 +46,7 @@ RESUMABLE_CHANGES = frozenset(
         'checkpoint_every_epochs',
         'checkpoints_to_keep',
         'cpu_levers',
+        'matmul_precision',
     }
 )
 

@@ -73,6 +73,7 @@ def _allowed(config: ml_collections.ConfigDict) -> dict[str, tuple]:
       'progress_every_secs': (lambda v: v > 0, 'a number of seconds > 0'),
       'steps_per_call': _POSITIVE_INT,
       'cpu_levers': _ANY,
+      'matmul_precision': _one_of(('auto', 'float32')),
       'checkpoint_every_epochs': _POSITIVE_INT,
       'checkpoints_to_keep': _POSITIVE_INT,
       'export_model_name': (

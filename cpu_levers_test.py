@@ -1,14 +1,18 @@
 """Tests of the CPU levers: the same results, only where enabled, undone after."""
 
 import logging
+import re
 import subprocess
 import sys
 
 import cpu_levers
+from flax import nnx
 import jax
 from jax import lax
 from jax._src.random import threefry2x32
+import jax.numpy as jnp
 import numpy as np
+import parallel
 import pytest
 import train
 from configs import default
@@ -48,10 +52,12 @@ def test_conv_same_gradients_are_the_convolutions_gradients():
 
 
 def test_on_the_cpu_the_levers_apply_inside_the_block_only():
+  config = default.get_config()
+  config.matmul_precision = 'float32'
   model = _model()
   stock = _convs(model)
   assert _threefry_rolled()
-  with cpu_levers.applied(default.get_config(), model, platform='cpu'):
+  with cpu_levers.applied(config, model, platform='cpu'):
     assert _convs(model) == [cpu_levers.conv_general_dilated] * 2
     assert not _threefry_rolled()
   assert _convs(model) == stock == [lax.conv_general_dilated] * 2
@@ -105,3 +111,210 @@ def test_without_jaxs_private_lowering_the_run_warns_once_and_trains(
   assert warnings[0].startswith('CPU lever unrolled_threefry is off: JAX ')
   assert np.isfinite(summary['train_loss'])
   assert _threefry_rolled()
+
+
+# The bf16 matmuls.
+
+# An HLO instruction: its name, result dtype, opcode and the rest of the line.
+_HLO_INSTRUCTION = re.compile(
+    r'^\s*(?:ROOT )?%(\S+) = (\w+)\[[^\]]*\]\S* ([\w-]+)\((.*)$'
+)
+
+
+def _dots(hlo: str) -> list[tuple[bool, tuple[str, ...], str]]:
+  """Each dot of compiled HLO text: in a YNNPACK fusion?, operand dtypes, line."""
+  computations, lines = {}, None
+  for line in hlo.splitlines():
+    header = re.match(r'^(?:ENTRY )?%(\S+) .*\{$', line)
+    if header:
+      lines = computations[header.group(1)] = []
+    elif lines is not None:
+      lines.append(line)
+  ynn = {
+      called
+      for body in computations.values()
+      for line in body
+      if '"__ynn_fusion"' in line
+      for called in re.findall(r'calls=%([\w.-]+)', line)
+  }
+  dots = []
+  for name, body in computations.items():
+    instructions = [m for m in map(_HLO_INSTRUCTION.match, body) if m]
+    dtypes = {m.group(1): m.group(2) for m in instructions}
+    for m in instructions:
+      if m.group(3) == 'dot':
+        operands = re.findall(r'%([\w.-]+)', m.group(4).split(')')[0])
+        dots.append((name in ynn, tuple(dtypes[o] for o in operands), m[0]))
+  return dots
+
+
+@pytest.mark.parametrize(
+    'flags, environment, expected',
+    [
+        ({'avx512f', 'avx512_bf16'}, None, (True, 'this CPU has avx512_bf16')),
+        ({'amx_bf16', 'amx_tile'}, None, (True, 'this CPU has amx_bf16')),
+        (
+            {'avx2', 'avx512f'},
+            None,
+            (False, 'this CPU has neither amx_bf16 nor avx512_bf16'),
+        ),
+        ({'avx512_bf16'}, '0', (False, '$MNIST_CPU_BF16=0')),
+        (set(), '1', (True, '$MNIST_CPU_BF16=1')),
+    ],
+)
+def test_native_bf16_reads_the_flags_unless_the_environment_decides(
+    flags, environment, expected, monkeypatch
+):
+  if environment is None:
+    monkeypatch.delenv(cpu_levers.BF16_ENV, raising=False)
+  else:
+    monkeypatch.setenv(cpu_levers.BF16_ENV, environment)
+  assert cpu_levers.native_bf16(frozenset(flags)) == expected
+
+
+def test_native_bf16_rejects_other_values_of_the_environment(monkeypatch):
+  monkeypatch.setenv(cpu_levers.BF16_ENV, 'yes')
+  with pytest.raises(ValueError, match=r'\$MNIST_CPU_BF16 must be 0 or 1'):
+    cpu_levers.native_bf16()
+
+
+@pytest.mark.parametrize(
+    'precision, platform, levers, expected',
+    [
+        (
+            'auto',
+            'cpu',
+            True,
+            (True, 'matmul_precision=auto; $MNIST_CPU_BF16=1'),
+        ),
+        ('float32', 'cpu', True, (False, 'matmul_precision=float32')),
+        (
+            'auto',
+            'gpu',
+            True,
+            (
+                False,
+                'matmul_precision=auto; the CPU levers do not apply on gpu',
+            ),
+        ),
+        (
+            'auto',
+            'cpu',
+            False,
+            (False, 'matmul_precision=auto; config.cpu_levers is off'),
+        ),
+    ],
+)
+def test_bf16_matmuls_with_auto_where_the_cpu_levers_apply(
+    precision, platform, levers, expected, monkeypatch
+):
+  monkeypatch.setenv(cpu_levers.BF16_ENV, '1')
+  config = default.get_config()
+  config.matmul_precision, config.cpu_levers = precision, levers
+  assert cpu_levers.bf16_matmuls(config, platform) == expected
+
+
+def _bf16(x):
+  """`x` rounded to bf16, as float32."""
+  return np.asarray(x, jnp.bfloat16).astype(np.float32)
+
+
+def test_matmul_bf16_and_its_gradients_are_float32_products_of_bf16s():
+  rng = np.random.default_rng(0)
+  a, b = rng.normal(size=(48, 40)), rng.normal(size=(40, 24))
+  g = rng.normal(size=(48, 24)).astype(np.float32)
+  a, b = a.astype(np.float32), b.astype(np.float32)
+  y, vjp = jax.vjp(cpu_levers.matmul_bf16, a, b)
+  da, db = vjp(g)
+  a16, b16, g16 = _bf16(a), _bf16(b), _bf16(g)
+  assert y.dtype == da.dtype == db.dtype == np.float32
+  np.testing.assert_allclose(y, a16 @ b16, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(da, g16 @ b16.T, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(db, a16.T @ g16, rtol=1e-5, atol=1e-5)
+  assert np.abs(y - a @ b).max() > 1e-3  # Not float32's product.
+
+
+def test_conv_same_bf16_is_the_convolution_of_bf16_roundings():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(2, 9, 7, 5)).astype(np.float32)
+  kernel = rng.normal(size=(3, 3, 5, 4)).astype(np.float32)
+  g = rng.normal(size=(2, 9, 7, 4)).astype(np.float32)
+  stock = lambda x, k: lax.conv_general_dilated(
+      x, k, (1, 1), 'SAME', dimension_numbers=('NHWC', 'HWIO', 'NHWC')
+  )
+  want, stock_vjp = jax.vjp(stock, _bf16(x), _bf16(kernel))
+  got, vjp = jax.vjp(cpu_levers.conv_same_bf16, x, kernel)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      jax.jit(cpu_levers.conv_same_bf16)(x, kernel), want, rtol=1e-5, atol=1e-5
+  )
+  for a, b in zip(vjp(g), stock_vjp(_bf16(g))):
+    assert a.dtype == np.float32
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_layers_apply_to_the_matmuls_inside_the_block_only(monkeypatch):
+  monkeypatch.setenv(cpu_levers.BF16_ENV, '1')
+  model = _model()
+  with cpu_levers.applied(default.get_config(), model, platform='cpu'):
+    assert _convs(model) == [
+        cpu_levers.conv_general_dilated,  # One channel: not a matmul.
+        cpu_levers.conv_general_dilated_bf16,
+    ]
+    assert model.linear1.dot_general == cpu_levers.dot_general_bf16
+    assert model.linear2.dot_general == cpu_levers.dot_general_bf16
+  assert _convs(model) == [lax.conv_general_dilated] * 2
+  assert (
+      model.linear1.dot_general == model.linear2.dot_general == lax.dot_general
+  )
+
+
+def test_a_run_logs_its_matmul_precision_and_learns_in_bf16(
+    small_config, tmp_path, monkeypatch, caplog
+):
+  monkeypatch.setenv(cpu_levers.BF16_ENV, '1')
+  with caplog.at_level(logging.INFO, logger='absl'):
+    summary = train.train_and_evaluate(small_config(), str(tmp_path / 'w'))
+  messages = [r.getMessage() for r in caplog.records]
+  assert [m for m in messages if m.startswith('Matmul precision:')] == [
+      'Matmul precision: bfloat16 operands, float32 accumulation '
+      '(matmul_precision=auto; $MNIST_CPU_BF16=1).'
+  ]
+  # 16 steps on 1,024 images already learn something.
+  assert summary['test_accuracy'] > 0.5
+
+
+def test_the_training_step_multiplies_bf16s_in_ynnpack(monkeypatch):
+  # The real step, one scanned step of 64, as train_epoch compiles it.
+  monkeypatch.setenv(cpu_levers.BF16_ENV, '1')
+  config = default.get_config()
+  model = _model()
+  objects = (model, train.create_optimizer(model, config, 1))
+  objects += (train.create_metrics(),)
+  batches = {
+      'image': np.zeros((1, 64, 28, 28, 1), np.uint8),
+      'label': np.zeros((1, 64), np.int32),
+  }
+  with cpu_levers.applied(config, model, platform='cpu'):
+    model.train()
+    graphdef, state = nnx.split(objects)
+    hlo = (
+        train._train_steps.lower(
+            graphdef, parallel.create_mesh(), state, batches
+        )
+        .compile()
+        .as_text()
+    )
+  dots = _dots(hlo)
+  bf16 = [line for ynn, dtypes, line in dots if ynn and dtypes == ('bf16',) * 2]
+  others = [
+      line
+      for ynn, dtypes, line in dots
+      if (ynn, dtypes) != (True, ('bf16',) * 2)
+  ]
+  # conv2 and the two dense layers: forward, input and kernel gradients.
+  assert len(bf16) == 9, dots
+  # The one other: the 1->32 conv's kernel gradient, its patches times the
+  # output gradient, float32 by design.
+  assert len(others) == 1 and ' f32[9,32]' in others[0], others
+

@@ -61,6 +61,13 @@ def get_config() -> ml_collections.ConfigDict:
   # On a CPU, train with the levers of cpu_levers.py: the same math, in forms
   # that XLA runs faster there. Other platforms never use them.
   config.cpu_levers = True
+  # The matmuls' precision with the CPU levers: 'auto' multiplies bf16
+  # operands with float32 accumulation and results (as a TPU's default
+  # precision does) where the CPU does so natively (amx_bf16 or avx512_bf16
+  # among its flags; $MNIST_CPU_BF16=1 or 0 decides instead), the conv of 32
+  # channels and the dense layers, in training and evaluation; parameters,
+  # optimizer and BatchNorm stay float32. 'float32': float32 everywhere.
+  config.matmul_precision = 'auto'
 
   # Checkpoints, in <workdir>/checkpoints: rerunning a command resumes there.
   config.checkpoint_every_epochs = (
