@@ -31,7 +31,7 @@ import workdirs
 
 # Config fields that a resumed run may change: they change neither the order
 # of the data nor what training computes, only its rounding (the CPU levers,
-# which apply on a CPU only).
+# which apply on a CPU only) or dropout's random stream, not its distribution.
 RESUMABLE_CHANGES = frozenset(
     {
         'num_epochs',
@@ -47,6 +47,7 @@ RESUMABLE_CHANGES = frozenset(
         'checkpoints_to_keep',
         'cpu_levers',
         'matmul_precision',
+        'narrow_dropout_bits',
     }
 )
 

@@ -74,6 +74,7 @@ def _allowed(config: ml_collections.ConfigDict) -> dict[str, tuple]:
       'steps_per_call': _POSITIVE_INT,
       'cpu_levers': _ANY,
       'matmul_precision': _one_of(('auto', 'float32')),
+      'narrow_dropout_bits': _ANY,
       'checkpoint_every_epochs': _POSITIVE_INT,
       'checkpoints_to_keep': _POSITIVE_INT,
       'export_model_name': (

@@ -318,3 +318,71 @@ def test_the_training_step_multiplies_bf16s_in_ynnpack(monkeypatch):
   # output gradient, float32 by design.
   assert len(others) == 1 and ' f32[9,32]' in others[0], others
 
+
+# Dropout from narrow draws.
+
+
+@pytest.mark.parametrize(
+    'keep, expected',
+    [
+        (0.5, (jnp.uint8, 128)),
+        (0.75, (jnp.uint8, 192)),
+        (0.975, (jnp.uint16, 63898)),  # 8 bits: 250 / 256 = 0.9766, 0.16% off.
+        (0.001, (jnp.uint32, 4294967)),
+        (1.0, None),
+        (0.0, None),
+    ],
+)
+def test_narrow_keep_bits_are_the_narrowest_within_a_thousandth(keep, expected):
+  assert cpu_levers.narrow_keep_bits(keep) == expected
+
+
+def test_every_keep_rate_is_kept_within_a_thousandth():
+  for keep in np.linspace(0.001, 0.999, 999):
+    dtype, threshold = cpu_levers.narrow_keep_bits(keep)
+    got = threshold / 2 ** jnp.iinfo(dtype).bits
+    assert abs(got - keep) <= keep / 1000, keep
+
+
+@pytest.mark.parametrize('rate', [0.025, 0.5])
+def test_narrow_dropout_keeps_at_the_rate_with_the_same_state(rate):
+  model = train.create_model(default.get_config())
+  model.dropout1.rate = rate
+  model.train()
+  before = jax.tree.structure(nnx.state(model))
+  x = np.ones((128, 28, 28, 32), np.float32)
+  stock = np.asarray(model.dropout1(x))
+  count = int(model.dropout1.rngs.count[...])
+  with cpu_levers.narrow_dropout(model):
+    assert type(model.dropout1) is cpu_levers.NarrowBitsDropout
+    assert jax.tree.structure(nnx.state(model)) == before
+    got = np.asarray(nnx.jit(lambda m, x: m.dropout1(x))(model, x))
+  assert type(model.dropout1) is nnx.Dropout
+  assert int(model.dropout1.rngs.count[...]) == count + 1  # One key drawn.
+  assert jax.tree.structure(nnx.state(model)) == before
+  kept = got != 0
+  # Within 5 standard deviations of the binomial's mean (3.2M draws).
+  sigma = np.sqrt(rate * (1 - rate) / kept.size)
+  assert abs(kept.mean() - (1 - rate)) < 5 * sigma + (1 - rate) / 1000
+  assert abs(got.mean() - 1) < 5 * sigma / (1 - rate)  # Scaled to keep it.
+  assert not np.array_equal(got != 0, stock != 0)  # Another stream.
+
+
+def test_narrow_dropout_draws_threefry_unrolled_and_only_in_training(
+    monkeypatch,
+):
+  monkeypatch.setenv(cpu_levers.BF16_ENV, '0')
+  model = _model()
+  x = np.ones((64, 28, 28, 32), np.float32)
+  call = lambda m, x: m.dropout1(x)
+  with cpu_levers.applied(default.get_config(), model, platform='cpu'):
+    model.train()
+    lowered = jax.jit(call).lower(model, x).as_text()
+    model.eval()
+    np.testing.assert_array_equal(call(model, x), x)
+  assert 'stablehlo.while' not in lowered
+  assert 'ui16' in lowered  # 0.975 takes 16-bit draws.
+  config = default.get_config()
+  config.narrow_dropout_bits = False
+  with cpu_levers.applied(config, model, platform='cpu'):
+    assert type(model.dropout1) is nnx.Dropout

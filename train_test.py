@@ -56,8 +56,8 @@ def _reference_steps(config, images, labels, order):
 
 
 def test_fast_steps_match_the_straightforward_loop(small_config):
-  # The levers that keep the math: float32 matmuls.
-  config = small_config(matmul_precision='float32')
+  # The levers that keep the math: float32 matmuls, dropout's own bits.
+  config = small_config(matmul_precision='float32', narrow_dropout_bits=False)
   data, _ = input_pipeline.load(config)
   order = input_pipeline.epoch_order(config.seed, 1, 1024, config.batch_size)[
       :6
