@@ -284,39 +284,41 @@ def test_a_run_logs_its_matmul_precision_and_learns_in_bf16(
   assert summary['test_accuracy'] > 0.5
 
 
-def test_the_training_step_multiplies_bf16s_in_ynnpack(monkeypatch):
-  # The real step, one scanned step of 64, as train_epoch compiles it.
+def _bf16_in_ynnpack(dots) -> tuple[int, list[str]]:
+  """How many dots are bf16 x bf16 in YNNPACK fusions; the others' lines."""
+  bf16 = [(ynn, dtypes) == (True, ('bf16',) * 2) for ynn, dtypes, _ in dots]
+  return sum(bf16), [line for (*_, line), b in zip(dots, bf16) if not b]
+
+
+def test_training_and_evaluation_multiply_bf16s_in_ynnpack(monkeypatch):
+  # The real steps as train_epoch and evaluate compile them: one scanned
+  # batch of 64.
   monkeypatch.setenv(cpu_levers.BF16_ENV, '1')
   config = default.get_config()
   model = _model()
-  objects = (model, train.create_optimizer(model, config, 1))
-  objects += (train.create_metrics(),)
+  optimizer = train.create_optimizer(model, config, 1)
+  metrics = train.create_metrics()
   batches = {
       'image': np.zeros((1, 64, 28, 28, 1), np.uint8),
       'label': np.zeros((1, 64), np.int32),
+      'mask': np.ones((1, 64), bool),
   }
+  mesh = parallel.create_mesh()
   with cpu_levers.applied(config, model, platform='cpu'):
     model.train()
-    graphdef, state = nnx.split(objects)
-    hlo = (
-        train._train_steps.lower(
-            graphdef, parallel.create_mesh(), state, batches
-        )
-        .compile()
-        .as_text()
-    )
-  dots = _dots(hlo)
-  bf16 = [line for ynn, dtypes, line in dots if ynn and dtypes == ('bf16',) * 2]
-  others = [
-      line
-      for ynn, dtypes, line in dots
-      if (ynn, dtypes) != (True, ('bf16',) * 2)
-  ]
+    graphdef, state = nnx.split((model, optimizer, metrics))
+    training = train._train_steps.lower(graphdef, mesh, state, batches)
+    model.eval()
+    graphdef, state = nnx.split((model, metrics))
+    evaluation = train._eval_batches.lower(graphdef, state, batches)
+  bf16, others = _bf16_in_ynnpack(_dots(training.compile().as_text()))
   # conv2 and the two dense layers: forward, input and kernel gradients.
-  assert len(bf16) == 9, dots
+  assert bf16 == 9, others
   # The one other: the 1->32 conv's kernel gradient, its patches times the
   # output gradient, float32 by design.
   assert len(others) == 1 and ' f32[9,32]' in others[0], others
+  bf16, others = _bf16_in_ynnpack(_dots(evaluation.compile().as_text()))
+  assert (bf16, others) == (3, [])
 
 
 # Dropout from narrow draws.
