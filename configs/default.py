@@ -58,19 +58,22 @@ def get_config() -> ml_collections.ConfigDict:
   # fewer Python dispatches, progress reported between calls. 39 divides the
   # 468 steps of an epoch, so one compiled call serves them all.
   config.steps_per_call = 39
-  # On a CPU, train with the levers of cpu_levers.py: the same math, in forms
-  # that XLA runs faster there. Other platforms never use them.
+  # On a CPU, train with the levers of cpu_levers.py: the same math (but for
+  # the two below), in forms that XLA runs faster there. Other platforms
+  # never use them.
   config.cpu_levers = True
   # The matmuls' precision with the CPU levers: 'auto' multiplies bf16
   # operands with float32 accumulation and results (as a TPU's default
   # precision does) where the CPU does so natively (amx_bf16 or avx512_bf16
-  # among its flags; $MNIST_CPU_BF16=1 or 0 decides instead), the conv of 32
-  # channels and the dense layers, in training and evaluation; parameters,
-  # optimizer and BatchNorm stay float32. 'float32': float32 everywhere.
+  # among its flags; $MNIST_CPU_BF16=1 or 0 decides instead), in the 32->64
+  # conv and the dense layers, in training and evaluation; parameters,
+  # optimizer and BatchNorm stay float32. 'float32': float32 everywhere. A
+  # resumed run may change it.
   config.matmul_precision = 'auto'
   # With the CPU levers, dropout masks from 8- or 16-bit random draws, not
   # 32: another random stream, the same distribution (the keep rate within
-  # 0.1% of 1 - dropout_rate). False draws as nnx.Dropout does.
+  # 0.1% of 1 - dropout_rate). False draws as nnx.Dropout does. A resumed
+  # run may change it.
   config.narrow_dropout_bits = True
 
   # Checkpoints, in <workdir>/checkpoints: rerunning a command resumes there.
