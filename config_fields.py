@@ -28,7 +28,8 @@ class Field(NamedTuple):
   default: Any
   check: Check
   # Whether a run resumed from a checkpoint may change it: it changes neither
-  # the state that training reaches nor the order of the data.
+  # the order of the data nor what training computes, at most its rounding
+  # (the CPU levers) or dropout's random stream, not its distribution.
   resumable: bool = False
 
 
@@ -148,6 +149,20 @@ FIELDS = {
     # On a CPU, train with the levers of cpu_levers.py: the same math, in
     # forms that XLA runs faster there. Other platforms never use them.
     'cpu_levers': Field(True, _ANY, resumable=True),
+    # The matmuls' precision with the CPU levers: 'auto' multiplies bf16
+    # operands with float32 accumulation and results (as a TPU's default
+    # precision does) where the CPU does so natively (amx_bf16 or
+    # avx512_bf16 among its flags; $MNIST_CPU_BF16=1 or 0 decides instead):
+    # the conv of 32 channels and the dense layers, in training and
+    # evaluation; parameters, optimizer and BatchNorm stay float32.
+    # 'float32': float32 everywhere.
+    'matmul_precision': Field(
+        'auto', _one_of('auto', 'float32'), resumable=True
+    ),
+    # With the CPU levers, dropout masks from 8- or 16-bit random draws, not
+    # 32: another random stream, the same distribution (the keep rate within
+    # 0.1% of 1 - dropout_rate). False draws as nnx.Dropout does.
+    'narrow_dropout_bits': Field(True, _ANY, resumable=True),
     # Checkpoints, in <workdir>/checkpoints: rerunning a command resumes.
     # Epochs between checkpoints (and the last).
     'checkpoint_every_epochs': Field(1, _POSITIVE_INT, resumable=True),

@@ -39,6 +39,7 @@ def test_the_shipped_configs_pass():
         ('checkpoints_to_keep', 0, 'an integer > 0'),
         ('export_model_name', 'a/b', 'a directory name of letters'),
         ('export_model_name', '..', 'a directory name of letters'),
+        ('matmul_precision', 'bfloat16', "one of 'auto', 'float32'"),
     ],
 )
 def test_a_bad_value_is_named_with_what_is_allowed(field, value, allowed):
@@ -186,4 +187,6 @@ def test_only_what_changes_neither_the_state_nor_the_data_order_resumes():
       'checkpoint_every_epochs',
       'checkpoints_to_keep',
       'cpu_levers',
+      'matmul_precision',
+      'narrow_dropout_bits',
   }

@@ -40,7 +40,8 @@ def test_evaluate_counts_every_test_example_once(small_config):
 
 
 def test_fast_steps_match_the_flax_examples_steps(small_config):
-  config = small_config()
+  # The levers that keep the math: float32 matmuls, dropout's own bits.
+  config = small_config(matmul_precision='float32', narrow_dropout_bits=False)
   data, _ = input_pipeline.load(config)
   order = input_pipeline.epoch_order(config.seed, 1, 1024, config.batch_size)[
       :6

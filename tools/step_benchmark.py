@@ -3,9 +3,15 @@
 Opt-in, not part of the tests:
 
   python -m tools.step_benchmark [--steps=78] [--rounds=3]
+      [--variants=all|levers] [--taskset=CPUS]
 
-Each variant runs in a fresh process, variants alternate round by round, and the median per variant is reported
-with its ratio to the Flax example's loop. Batches are 128 random images
+Each variant runs in a fresh process, variants alternate round by round, and
+the median per variant is reported with its ratio to the first variant (and
+the median of the ratios round by round, `paired`): the Flax example's
+loop, or with `--variants=levers` our loop with neither bf16 matmuls nor
+narrow dropout bits, then each of them and both. `--taskset=1`
+runs each process on CPU 1 alone (`taskset -c 1`: XLA then runs one thread,
+and each operation's time is its own work). Batches are 128 random images
 (step time does not depend on pixel values); each variant compiles and warms
 up before it is timed. Prints a table, then one JSON object as its last line.
 """
@@ -24,6 +30,7 @@ import os
 import statistics
 import subprocess
 import time
+import typing
 
 from absl import app
 from absl import flags
@@ -40,25 +47,62 @@ FLAGS = flags.FLAGS
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 flags.DEFINE_integer('steps', 78, 'Timed steps per variant and round.')
 flags.DEFINE_integer('rounds', 3, 'Rounds; each runs every variant once.')
+flags.DEFINE_enum(
+    'variants',
+    'all',
+    ['all', 'levers'],
+    'all: every lever from the Flax example up; levers: ours with and '
+    'without bf16 matmuls and narrow dropout bits.',
+)
+flags.DEFINE_string(
+    'taskset', '', "CPUs for each variant's process (taskset -c); '': all."
+)
 flags.DEFINE_string(
     'variant', None, 'Internal: run one variant, print ms/step.'
 )
 
-# name -> (scan over steps on the device, cpu_levers.conv_gradients,
-# cpu_levers.unrolled_threefry, dropout rate). The first is the Flax
-# example's loop (tools/reference_loop.py), which the next two speed up.
+
+class Variant(typing.NamedTuple):
+  """What a variant turns on, from the Flax example's loop up."""
+
+  scan: bool = False  # Steps in a lax.scan, batches gathered on the host.
+  conv_same: bool = False  # cpu_levers.conv_gradients.
+  unrolled: bool = False  # cpu_levers.unrolled_threefry.
+  dropout: float = 0.025  # The dropout rate.
+  bf16: bool = False  # cpu_levers.bf16_layers.
+  narrow: bool = False  # cpu_levers.narrow_dropout.
+
+
+_OURS_FLOAT32 = Variant(scan=True, conv_same=True, unrolled=True)
+_OURS = _OURS_FLOAT32._replace(bf16=True, narrow=True)
+# The first is the Flax example's loop.
 VARIANTS = {
-    'example: nnx.jit per step': (False, False, False, 0.025),
-    '+ conv_same gradients': (False, True, False, 0.025),
-    '+ unrolled threefry': (False, True, True, 0.025),
-    '+ lax.scan over host-gathered batches (ours)': (True, True, True, 0.025),
-    'ours, no dropout (configs/fast.py)': (True, True, True, 0.0),
+    'example: nnx.jit per step': Variant(),
+    '+ conv_same gradients': Variant(conv_same=True),
+    '+ unrolled threefry': Variant(conv_same=True, unrolled=True),
+    '+ lax.scan over host-gathered batches': _OURS_FLOAT32,
+    '+ narrow dropout bits': _OURS_FLOAT32._replace(narrow=True),
+    '+ bf16 matmuls (ours, where bf16 is native)': _OURS,
+    'ours, no dropout (configs/fast.py)': _OURS._replace(dropout=0.0),
+}
+# Our loop with each of the two levers that change the numbers on or off.
+LEVERS = {
+    'ours, float32, 32-bit dropout bits': _OURS_FLOAT32,
+    'ours, float32, narrow dropout bits': _OURS_FLOAT32._replace(narrow=True),
+    'ours, bf16 matmuls, 32-bit dropout bits': _OURS._replace(narrow=False),
+    'ours, bf16 matmuls, narrow dropout bits': _OURS,
 }
 
 
 def _time_variant(name: str, steps: int) -> float:
-  """Milliseconds per step of variant `name`, after compiling and warm-up."""
-  scan, conv_same, unrolled, dropout = VARIANTS[name]
+  """Milliseconds per step of variant `name`, after compiling and warm-up.
+
+  bf16 matmuls are timed whether or not this CPU multiplies bf16 natively
+  (`main` prints which).
+  """
+  scan, conv_same, unrolled, dropout, bf16, narrow = {**VARIANTS, **LEVERS}[
+      name
+  ]
   config = default.get_config()
   config.dropout_rate = dropout
   rng = np.random.default_rng(0)
@@ -74,6 +118,10 @@ def _time_variant(name: str, steps: int) -> float:
     levers.enter_context(cpu_levers.conv_gradients(model))
   if unrolled:
     levers.enter_context(cpu_levers.unrolled_threefry())
+  if bf16:
+    levers.enter_context(cpu_levers.bf16_layers(model))
+  if narrow:
+    levers.enter_context(cpu_levers.narrow_dropout(model))
   if scan:
     mesh = parallel.create_mesh()
     # Sharded as train_and_evaluate shards it: the state that each call
@@ -121,11 +169,19 @@ def main(argv):
   if FLAGS.variant:
     print(_time_variant(FLAGS.variant, FLAGS.steps))
     return
-  times = {name: [] for name in VARIANTS}
+  variants = VARIANTS if FLAGS.variants == 'all' else LEVERS
+  pinned = ['taskset', '-c', FLAGS.taskset] if FLAGS.taskset else []
+  native, why = cpu_levers.native_bf16()
+  print(
+      f'CPUs: {FLAGS.taskset or "all"}; bf16 matmuls native: {native} ({why});'
+      f' jax {jax.__version__}'
+  )
+  times = {name: [] for name in variants}
   for _ in range(FLAGS.rounds):
-    for name in VARIANTS:
+    for name in variants:
       out = subprocess.run(
-          [
+          pinned
+          + [
               sys.executable,
               '-m',
               'tools.step_benchmark',
@@ -138,16 +194,24 @@ def main(argv):
           cwd=ROOT,
       ).stdout
       times[name].append(float(out.strip().splitlines()[-1]))
-  base = statistics.median(times['example: nnx.jit per step'])
-  result = {}
+  first = next(iter(times.values()))
+  base = statistics.median(first)
+  result = {'cpus': FLAGS.taskset or 'all', 'native_bf16': native}
   for name, values in times.items():
     median = statistics.median(values)
+    # Round by round, against the first variant's run of the same round:
+    # a machine that slows for a while slows both.
+    paired = [b / v for b, v in zip(first, values)]
     result[name] = {
         'ms_per_step': round(median, 1),
         'speedup': round(base / median, 2),
+        'paired_speedup': round(statistics.median(paired), 2),
         'runs': [round(v, 1) for v in values],
     }
-    print(f'{name:40s} {median:7.1f} ms/step  x{base / median:.2f}')
+    print(
+        f'{name:45s} {median:7.1f} ms/step  x{base / median:.2f}  '
+        f'(paired x{statistics.median(paired):.2f})'
+    )
   print(json.dumps(result))
 
 
