@@ -1,10 +1,11 @@
 """Speed levers for training on a CPU, kept apart from the model and the loop.
 
-The first two levers compute what the stock code computes (the same math;
-the bits of dropout are the same too) in a form that XLA runs faster on a
-CPU. Two more trade exactness for speed, each behind its own config field:
-bf16 matmuls (`config.matmul_precision`, on CPUs that multiply bf16
-natively) and dropout masks from narrow random draws
+Two levers compute what the stock code computes (the same math; the bits of
+dropout are the same too) in a form that XLA runs faster on a CPU: the
+convolutions trained as matmuls (cpu_matmuls.py) and threefry unrolled.
+Two more trade exactness for speed, each behind its own config field: bf16
+matmuls (`config.matmul_precision`, on CPUs that multiply bf16 natively;
+cpu_matmuls.py) and dropout masks from narrow random draws
 (`config.narrow_dropout_bits`). They were measured on 2-core x86 CPUs with
 jax 0.10.2 and nowhere else, so `applied` uses them only where JAX's default
 backend is the CPU and `config.cpu_levers` is on; on a GPU or TPU the stock
@@ -18,18 +19,16 @@ model are as they were.
 """
 
 import contextlib
-import math
 import os
 
 from absl import logging
+import cpu_matmuls
 from flax import nnx
 import jax
 from jax import lax
 import jax.numpy as jnp
 from jax.interpreters import mlir
 import ml_collections
-
-_NHWC = ('NHWC', 'HWIO', 'NHWC')
 
 # Set to '1' or '0', says whether this CPU multiplies bf16 natively, in place
 # of its flags: both paths of `matmul_precision='auto'` run on any CPU.
@@ -127,159 +126,16 @@ def applied(
   logging.info('Matmul precision: %s (%s).', precision, why)
   with contextlib.ExitStack() as stack:
     if enabled(config, platform):
-      stack.enter_context(conv_gradients(model))
+      stack.enter_context(cpu_matmuls.conv_gradients(model))
       stack.enter_context(unrolled_threefry())
       if bf16:
-        stack.enter_context(bf16_layers(model))
+        stack.enter_context(cpu_matmuls.bf16_layers(model))
       if config.narrow_dropout_bits:
         stack.enter_context(narrow_dropout(model))
     yield
 
 
-@contextlib.contextmanager
-def _fields_set(modules: list[nnx.Module], name: str, value):
-  """Within the block, each of `modules` has `value` as its field `name`."""
-  previous = [getattr(module, name) for module in modules]
-  for module in modules:
-    setattr(module, name, value)
-  try:
-    yield
-  finally:
-    for module, old in zip(modules, previous):
-      setattr(module, name, old)
-
-
-def _modules(model: nnx.Module, kind: type) -> list:
-  return [m for _, m in nnx.iter_modules(model) if isinstance(m, kind)]
-
-
-# Lever 1: the convolutions' gradients as convolutions and matmuls.
-
-
-def _conv(x: jax.Array, kernel: jax.Array) -> jax.Array:
-  """Stride-1 'SAME' convolution, NHWC images and HWIO kernel."""
-  return lax.conv_general_dilated(
-      x, kernel, (1, 1), 'SAME', dimension_numbers=_NHWC
-  )
-
-
-def _shifted(x: jax.Array, kh: int, kw: int) -> list[jax.Array]:
-  """The `kh * kw` windows of zero-padded `x` that a 'SAME' kernel tap reads."""
-  h, w = x.shape[1:3]
-  padded = jnp.pad(x, ((0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2), (0, 0)))
-  return [padded[:, i : i + h, j : j + w] for i in range(kh) for j in range(kw)]
-
-
-def _patches(x: jax.Array, kh: int, kw: int) -> jax.Array:
-  """im2col: `(B*H*W, kh*kw*C)`, the inputs of each output pixel in a row."""
-  return jnp.concatenate(_shifted(x, kh, kw), axis=-1).reshape(
-      -1, kh * kw * x.shape[-1]
-  )
-
-
-def _col2im(patch_grads: jax.Array, shape, kh: int, kw: int) -> jax.Array:
-  """The transpose of `_patches`: each tap's part added back where it read."""
-  b, h, w, c = shape
-  taps = patch_grads.reshape(b, h, w, kh * kw, c)
-  padded = jnp.zeros((b, h + kh - 1, w + kw - 1, c), patch_grads.dtype)
-  for t in range(kh * kw):
-    i, j = divmod(t, kw)
-    padded = padded.at[:, i : i + h, j : j + w].add(taps[:, :, :, t])
-  return padded[:, kh // 2 : kh // 2 + h, kw // 2 : kw // 2 + w]
-
-
-@jax.custom_vjp
-def conv_same(x: jax.Array, kernel: jax.Array) -> jax.Array:
-  """`_conv`, trained as matmuls: im2col forward, its transposes backward.
-
-  The same function as `lax.conv_general_dilated` (which computes it where
-  no gradient is taken, as in evaluation). XLA's CPU transposed
-  convolutions are slow, above all inside `lax.scan` (where the training
-  loop runs): the kernel gradient of the 32->64 conv took 1.7 s a step
-  there, against 20 ms as matmuls. In training the forward pass is the
-  patches times the kernel, and the patches serve the kernel gradient too.
-  """
-  return _conv(x, kernel)
-
-
-def _conv_same_fwd(x, kernel):
-  kh, kw, cin, cout = kernel.shape
-  patches = _patches(x, kh, kw)
-  if cin == 1:  # Nine taps of one channel: XLA's own convolution is faster.
-    return _conv(x, kernel), (patches, kernel)
-  y = patches @ kernel.reshape(-1, cout)
-  return y.reshape(*x.shape[:3], cout), (patches, kernel)
-
-
-def _conv_same_bwd(residuals, g):
-  patches, kernel = residuals
-  kh, kw, cin, cout = kernel.shape
-  g2 = g.reshape(-1, cout)
-  dkernel = (patches.T @ g2).reshape(kernel.shape)
-  dpatches = g2 @ kernel.reshape(-1, cout).T
-  return _col2im(dpatches, (*g.shape[:3], cin), kh, kw), dkernel
-
-
-conv_same.defvjp(_conv_same_fwd, _conv_same_bwd)
-
-
-def _check_supported(
-    lhs,
-    rhs,
-    window_strides,
-    padding,
-    *,
-    lhs_dilation,
-    rhs_dilation,
-    dimension_numbers,
-    feature_group_count,
-    precision,
-    **unused_kwargs,
-):
-  """Raises ValueError unless `conv_same` computes this convolution.
-
-  It computes stride 1, 'SAME' padding, odd kernels, no dilation or groups,
-  NHWC. Anything else is a programming error, reported rather than
-  computed some other way.
-  """
-  supported = (
-      tuple(window_strides) == (1, 1)
-      and padding == 'SAME'
-      and tuple(lhs_dilation) == (1, 1)
-      and tuple(rhs_dilation) == (1, 1)
-      and feature_group_count == 1
-      and precision is None
-      and dimension_numbers
-      == lax.conv_dimension_numbers(lhs.shape, rhs.shape, _NHWC)
-      and rhs.shape[0] % 2 == 1
-      and rhs.shape[1] % 2 == 1
-  )
-  if not supported:
-    raise ValueError(
-        'conv_same supports only stride-1 SAME NHWC convolutions '
-        'with odd kernels, no dilation and no groups'
-    )
-
-
-def conv_general_dilated(lhs, rhs, *args, **kwargs):
-  """`lax.conv_general_dilated` for `nnx.Conv`, computed by `conv_same`."""
-  _check_supported(lhs, rhs, *args, **kwargs)
-  return conv_same(lhs, rhs)
-
-
-@contextlib.contextmanager
-def conv_gradients(model: nnx.Module):
-  """Within the block, `model`'s `nnx.Conv`s compute through `conv_same`.
-
-  `nnx.Conv` takes its convolution function as a field; this sets it on each
-  of the model's convolutions, and puts back the previous one on exit.
-  """
-  convs = _modules(model, nnx.Conv)
-  with _fields_set(convs, 'conv_general_dilated', conv_general_dilated):
-    yield
-
-
-# Lever 2: threefry's random bits compiled unrolled on the CPU.
+# Lever: threefry's random bits compiled unrolled on the CPU.
 
 
 def _threefry_rules():
@@ -336,158 +192,7 @@ def unrolled_threefry():
     )
 
 
-# Lever 3: bf16 operands for the matmuls, float32 results, where the CPU
-# multiplies bf16 natively.
-
-# XLA's CPU backend gives YNNPACK's bf16 kernels (AMX, avx512_bf16) only
-# some bf16 dots (xla/backends/cpu/ynn_support.cc, and the compiled HLO of
-# jax 0.10.2): a dot whose result is bf16, or that contracts the first axis
-# of its left operand or the last of its right one, has its operands
-# converted to float32 first. So the dots here ask for float32 results and
-# take each transposed operand as a copy (`_transposed`). bf16 convolutions
-# are converted too: the 32->64 conv multiplies as im2col.
-
-
-def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
-  """`a @ b` of bf16 operands, its result float32: YNNPACK's bf16 dot."""
-  return jnp.dot(a, b, preferred_element_type=jnp.float32)
-
-
-def _transposed(a: jax.Array) -> jax.Array:
-  """`a.T`, laid out as a copy, so that a dot reads it as it reads `a`.
-
-  XLA folds a plain `.T` into the dot's dimension numbers, which sends a
-  bf16 dot to a float32 conversion; through a 3-D transpose (rows taken
-  16 at a time, the fastest tried) it does not. The 32->64 conv's kernel
-  gradient, its patches transposed `(288, 25088)` times the output
-  gradient: 4.5 ms so, 25 ms converted (2-core AMD EPYC Zen 5, one core,
-  2026-12-03).
-  """
-  n, k = a.shape
-  rows = math.gcd(n, 16)
-  return a.reshape(n // rows, rows, k).transpose(2, 0, 1).reshape(k, n)
-
-
-@jax.custom_vjp
-def matmul_bf16(a: jax.Array, b: jax.Array) -> jax.Array:
-  """`a @ b` of float32 matrices, computed from their bf16 roundings.
-
-  Accumulated in float32, with a float32 result; the gradients too are
-  bf16 products with float32 results: the incoming gradient times `b`
-  transposed, and `a` transposed times it. Plain `jax.grad` of a bf16 dot
-  would keep only the forward product in bf16.
-  """
-  return _matmul_bf16_fwd(a, b)[0]
-
-
-def _matmul_bf16_fwd(a, b):
-  a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
-  return _dot(a, b), (a, b)
-
-
-def _matmul_bf16_bwd(residuals, g):
-  a, b = residuals
-  g = g.astype(jnp.bfloat16)
-  return _dot(g, _transposed(b)), _dot(_transposed(a), g)
-
-
-matmul_bf16.defvjp(_matmul_bf16_fwd, _matmul_bf16_bwd)
-
-
-@jax.custom_vjp
-def conv_same_bf16(x: jax.Array, kernel: jax.Array) -> jax.Array:
-  """`conv_same` as `matmul_bf16` of its bf16 patches, in evaluation too.
-
-  XLA converts a bf16 convolution to float32, so even where no gradient is
-  taken the convolution is the patches (in bf16, half the bytes) times the
-  kernel. The input gradient is added back (col2im) in float32.
-  """
-  return _conv_same_bf16_fwd(x, kernel)[0]
-
-
-def _bf16_patches(x: jax.Array, kh: int, kw: int) -> jax.Array:
-  """`_patches` of `x` rounded to bf16, built as their 16-bit patterns.
-
-  XLA's CPU backend runs bf16 pads and concatenations, which only move
-  data, through float32: the patches of one step took 30 ms so, 2.6 as
-  uint16 (one core, 2-core AMD EPYC Zen 5, 2026-12-03).
-  """
-  bits = lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
-  return lax.bitcast_convert_type(_patches(bits, kh, kw), jnp.bfloat16)
-
-
-def _conv_same_bf16_fwd(x, kernel):
-  kh, kw, _, cout = kernel.shape
-  patches = _bf16_patches(x, kh, kw)
-  y, residuals = _matmul_bf16_fwd(patches, kernel.reshape(-1, cout))
-  return y.reshape(*x.shape[:3], cout), (residuals, kernel.shape)
-
-
-def _conv_same_bf16_bwd(residuals, g):
-  residuals, (kh, kw, cin, cout) = residuals
-  dpatches, dkernel = _matmul_bf16_bwd(residuals, g.reshape(-1, cout))
-  dx = _col2im(dpatches, (*g.shape[:3], cin), kh, kw)
-  return dx, dkernel.reshape(kh, kw, cin, cout)
-
-
-conv_same_bf16.defvjp(_conv_same_bf16_fwd, _conv_same_bf16_bwd)
-
-
-def conv_general_dilated_bf16(lhs, rhs, *args, **kwargs):
-  """`lax.conv_general_dilated` for `nnx.Conv`, computed by `conv_same_bf16`."""
-  _check_supported(lhs, rhs, *args, **kwargs)
-  return conv_same_bf16(lhs, rhs)
-
-
-def dot_general_bf16(
-    lhs,
-    rhs,
-    dimension_numbers,
-    precision=None,
-    preferred_element_type=None,
-    out_sharding=None,
-):
-  """`lax.dot_general` for `nnx.Linear`, computed by `matmul_bf16`.
-
-  Only for what `nnx.Linear` asks of it: the last axis of `lhs` times a
-  kernel matrix, default precision, a float32 result.
-  """
-  supported = (
-      rhs.ndim == 2
-      and dimension_numbers == (((lhs.ndim - 1,), (0,)), ((), ()))
-      and precision is None
-      and preferred_element_type in (None, jnp.float32)
-      and out_sharding is None
-  )
-  if not supported:
-    raise ValueError(
-        'matmul_bf16 supports only the last axis of the inputs times a '
-        'kernel matrix, default precision, float32 results'
-    )
-  y = matmul_bf16(lhs.reshape(-1, lhs.shape[-1]), rhs)
-  return y.reshape(*lhs.shape[:-1], rhs.shape[1])
-
-
-@contextlib.contextmanager
-def bf16_layers(model: nnx.Module):
-  """Within the block, `model`'s matmuls take bf16 operands, float32 results.
-
-  Each `nnx.Linear` multiplies through `dot_general_bf16`, each `nnx.Conv`
-  of more than one input channel through `conv_general_dilated_bf16`, in
-  training and evaluation; the previous functions are put back on exit.
-  Convolutions of one channel (nine multiply-adds a pixel, not a matmul)
-  stay float32, as does all element-wise work (BatchNorm, ReLU, pooling,
-  dropout: bf16 ran it 1.6 times slower, Intel AMX, 2026-12).
-  """
-  convs = [c for c in _modules(model, nnx.Conv) if c.in_features > 1]
-  with (
-      _fields_set(convs, 'conv_general_dilated', conv_general_dilated_bf16),
-      _fields_set(_modules(model, nnx.Linear), 'dot_general', dot_general_bf16),
-  ):
-    yield
-
-
-# Lever 4: dropout masks from narrow random draws.
+# Lever: dropout masks from narrow random draws.
 
 
 def narrow_keep_bits(keep: float) -> tuple[jnp.dtype, int] | None:
@@ -547,7 +252,11 @@ def narrow_dropout(model: nnx.Module):
   The modules themselves, their class changed and put back on exit: their
   state, and whatever refers to them, stay as they are.
   """
-  dropouts = [m for m in _modules(model, nnx.Dropout) if type(m) is nnx.Dropout]
+  dropouts = [
+      m
+      for m in cpu_matmuls.modules(model, nnx.Dropout)
+      if type(m) is nnx.Dropout
+  ]
   for dropout in dropouts:
     # Not `dropout.__class__ = ...`: nnx would record a field '__class__'.
     object.__setattr__(dropout, '__class__', NarrowBitsDropout)

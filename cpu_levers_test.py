@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import cpu_levers
+import cpu_matmuls
 from flax import nnx
 import jax
 from jax import lax
@@ -46,7 +47,7 @@ def test_conv_same_gradients_are_the_convolutions_gradients():
         x, k, (1, 1), 'SAME', dimension_numbers=('NHWC', 'HWIO', 'NHWC')
     )
     want = jax.grad(loss, argnums=(1, 2))(stock, x, kernel)
-    got = jax.grad(loss, argnums=(1, 2))(cpu_levers.conv_same, x, kernel)
+    got = jax.grad(loss, argnums=(1, 2))(cpu_matmuls.conv_same, x, kernel)
     for a, b in zip(got, want):
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
@@ -58,7 +59,7 @@ def test_on_the_cpu_the_levers_apply_inside_the_block_only():
   stock = _convs(model)
   assert _threefry_rolled()
   with cpu_levers.applied(config, model, platform='cpu'):
-    assert _convs(model) == [cpu_levers.conv_general_dilated] * 2
+    assert _convs(model) == [cpu_matmuls.conv_general_dilated] * 2
     assert not _threefry_rolled()
   assert _convs(model) == stock == [lax.conv_general_dilated] * 2
   assert _threefry_rolled()
@@ -224,7 +225,7 @@ def test_matmul_bf16_and_its_gradients_are_float32_products_of_bf16s():
   a, b = rng.normal(size=(48, 40)), rng.normal(size=(40, 24))
   g = rng.normal(size=(48, 24)).astype(np.float32)
   a, b = a.astype(np.float32), b.astype(np.float32)
-  y, vjp = jax.vjp(cpu_levers.matmul_bf16, a, b)
+  y, vjp = jax.vjp(cpu_matmuls.matmul_bf16, a, b)
   da, db = vjp(g)
   a16, b16, g16 = _bf16(a), _bf16(b), _bf16(g)
   assert y.dtype == da.dtype == db.dtype == np.float32
@@ -243,10 +244,10 @@ def test_conv_same_bf16_is_the_convolution_of_bf16_roundings():
       x, k, (1, 1), 'SAME', dimension_numbers=('NHWC', 'HWIO', 'NHWC')
   )
   want, stock_vjp = jax.vjp(stock, _bf16(x), _bf16(kernel))
-  got, vjp = jax.vjp(cpu_levers.conv_same_bf16, x, kernel)
+  got, vjp = jax.vjp(cpu_matmuls.conv_same_bf16, x, kernel)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(
-      jax.jit(cpu_levers.conv_same_bf16)(x, kernel), want, rtol=1e-5, atol=1e-5
+      jax.jit(cpu_matmuls.conv_same_bf16)(x, kernel), want, rtol=1e-5, atol=1e-5
   )
   for a, b in zip(vjp(g), stock_vjp(_bf16(g))):
     assert a.dtype == np.float32
@@ -258,11 +259,11 @@ def test_bf16_layers_apply_to_the_matmuls_inside_the_block_only(monkeypatch):
   model = _model()
   with cpu_levers.applied(default.get_config(), model, platform='cpu'):
     assert _convs(model) == [
-        cpu_levers.conv_general_dilated,  # One channel: not a matmul.
-        cpu_levers.conv_general_dilated_bf16,
+        cpu_matmuls.conv_general_dilated,  # One channel: not a matmul.
+        cpu_matmuls.conv_general_dilated_bf16,
     ]
-    assert model.linear1.dot_general == cpu_levers.dot_general_bf16
-    assert model.linear2.dot_general == cpu_levers.dot_general_bf16
+    assert model.linear1.dot_general == cpu_matmuls.dot_general_bf16
+    assert model.linear2.dot_general == cpu_matmuls.dot_general_bf16
   assert _convs(model) == [lax.conv_general_dilated] * 2
   assert (
       model.linear1.dot_general == model.linear2.dot_general == lax.dot_general

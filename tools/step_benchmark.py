@@ -36,6 +36,7 @@ from absl import app
 from absl import flags
 from configs import default
 import cpu_levers
+import cpu_matmuls
 from flax import nnx
 import jax
 import numpy as np
@@ -66,10 +67,10 @@ class Variant(typing.NamedTuple):
   """What a variant turns on, from the Flax example's loop up."""
 
   scan: bool = False  # Steps in a lax.scan, batches gathered on the host.
-  conv_same: bool = False  # cpu_levers.conv_gradients.
+  conv_same: bool = False  # cpu_matmuls.conv_gradients.
   unrolled: bool = False  # cpu_levers.unrolled_threefry.
   dropout: float = 0.025  # The dropout rate.
-  bf16: bool = False  # cpu_levers.bf16_layers.
+  bf16: bool = False  # cpu_matmuls.bf16_layers.
   narrow: bool = False  # cpu_levers.narrow_dropout.
 
 
@@ -115,11 +116,11 @@ def _time_variant(name: str, steps: int) -> float:
   metrics = train.create_metrics()
   levers = contextlib.ExitStack()
   if conv_same:
-    levers.enter_context(cpu_levers.conv_gradients(model))
+    levers.enter_context(cpu_matmuls.conv_gradients(model))
   if unrolled:
     levers.enter_context(cpu_levers.unrolled_threefry())
   if bf16:
-    levers.enter_context(cpu_levers.bf16_layers(model))
+    levers.enter_context(cpu_matmuls.bf16_layers(model))
   if narrow:
     levers.enter_context(cpu_levers.narrow_dropout(model))
   if scan:
