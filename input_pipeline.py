@@ -293,6 +293,11 @@ def _shares(train_data) -> np.ndarray:
   return multihost_utils.process_allgather(np.int64(len(train_data['label'])))
 
 
+def _steps(config: ml_collections.ConfigDict, shares: np.ndarray) -> int:
+  """Steps an epoch: those of the smallest share, in this process's batches."""
+  return int(np.min(shares)) // (config.batch_size // jax.process_count())
+
+
 def steps_per_epoch(config: ml_collections.ConfigDict, train_data) -> int:
   """Steps an epoch: every process takes as many, each from its own share."""
   shares = _shares(train_data)
@@ -303,7 +308,7 @@ def steps_per_epoch(config: ml_collections.ConfigDict, train_data) -> int:
         f'examples of config.train_split={config.train_split!r}: use at most '
         f'{num_train}'
     )
-  steps = int(np.min(shares)) // (config.batch_size // jax.process_count())
+  steps = _steps(config, shares)
   logging.info(
       'Training on %d examples of %r (%d steps/epoch) on %d devices.',
       num_train,
@@ -320,11 +325,13 @@ def epoch_rest(config: ml_collections.ConfigDict, step: int, train_data):
   The steps left in the epoch of the run's global `step`: all of them at
   its start. Every process takes as many steps, those of the smallest share.
   """
-  local_batch = config.batch_size // jax.process_count()
-  steps = int(np.min(_shares(train_data))) // local_batch
+  steps = _steps(config, _shares(train_data))
   epoch, done = divmod(step, steps)
   order = epoch_order(
-      config.seed, epoch + 1, len(train_data['label']), local_batch
+      config.seed,
+      epoch + 1,
+      len(train_data['label']),
+      config.batch_size // jax.process_count(),
   )
   return order[done:steps]
 

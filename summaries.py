@@ -4,10 +4,11 @@
 interrupted run already wrote. clu's writers write with TensorFlow, which
 takes seconds to import: it is imported when a writer is created or event
 files are read, not with this module. The images (mistakes, confusion
-matrix) are drawn here as uint8 RGB arrays (matplotlib draws into an Agg canvas of its
-own: no display, no pyplot state) and written through that writer, like the
-scalars; train.py calls the `write_*` functions. `read_scalars`, `read_images` and `read_texts` read a
-workdir's event files back, for plot.py, the benchmark and the tests.
+matrix) are drawn here as uint8 RGB arrays (matplotlib draws into an Agg
+canvas of its own: no display, no pyplot state) and written through that
+writer, like the scalars; train.py calls the `write_*` functions.
+`read_scalars`, `read_images` and `read_texts` read a workdir's event files
+back, for plot.py, the benchmark and the tests.
 """
 
 import contextlib
