@@ -1,11 +1,11 @@
 """The model behind predict.py: in TensorFlow, or behind TF Serving.
 
 Each classifier takes a batch (float images, or encoded ones as an object
-array of bytes) and returns its 'probabilities' (n, 10) and 'logits'
-(n, 10) as NumPy arrays, or raises InputError with the cause in one line:
-the model's refusal, a server that does not answer or answers an error, a
-certificate that does not verify. TensorFlow (and gRPC) are imported only
-by the classifier that needs them: REST needs neither.
+array of bytes) and returns its 'probabilities' and 'logits', (n,
+NUM_CLASSES) NumPy arrays, or raises InputError with the cause in one
+line: the model's refusal, a server that does not answer or answers an
+error, a certificate that does not verify. TensorFlow (and gRPC) are
+imported only by the classifier that needs them: REST needs neither.
 """
 
 import base64
@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 
 import numpy as np
-from serving_signatures import BYTES_INPUT_NAME, INPUT_NAME
+from serving_signatures import BYTES_INPUT_NAME, INPUT_NAME, NUM_CLASSES
 
 
 class InputError(Exception):
@@ -225,7 +225,7 @@ def _rest_outputs(body, n: int, address: str) -> dict[str, np.ndarray]:
         f'server {address} answered without predictions of logits and '
         'probabilities'
     ) from None
-  if any(v.shape != (n, 10) for v in outputs.values()):
+  if any(v.shape != (n, NUM_CLASSES) for v in outputs.values()):
     raise InputError(f'server {address} answered with {n} images not scored')
   return outputs
 
@@ -298,7 +298,7 @@ class GrpcClassifier:
       raise InputError(
           f'server {self.address} answered without logits and probabilities'
       ) from None
-    if any(v.shape != (len(images), 10) for v in outputs.values()):
+    if any(v.shape != (len(images), NUM_CLASSES) for v in outputs.values()):
       raise InputError(
           f'server {self.address} answered with {len(images)} images not scored'
       )

@@ -198,7 +198,7 @@ def validate(config: ml_collections.ConfigDict, devices: int = 1) -> None:
   if unchecked:
     raise KeyError(f'no check for config fields {sorted(unchecked)}')
   # The data source first: the splits' check depends on it.
-  for name in ('data_source', *FIELDS):
+  for name in dict.fromkeys(('data_source', *FIELDS)):
     allowed = FIELDS[name].check(config[name], config, devices)
     if allowed is not None:
       raise ConfigError(

@@ -288,19 +288,12 @@ def epoch_order(
   return order[: steps * batch_size].reshape(steps, batch_size).astype(np.int32)
 
 
-def _shares(train_data) -> np.ndarray:
-  """The number of training examples of each process's share."""
-  return multihost_utils.process_allgather(np.int64(len(train_data['label'])))
-
-
-def _steps(config: ml_collections.ConfigDict, shares: np.ndarray) -> int:
-  """Steps an epoch: those of the smallest share, in this process's batches."""
-  return int(np.min(shares)) // (config.batch_size // jax.process_count())
-
-
 def steps_per_epoch(config: ml_collections.ConfigDict, train_data) -> int:
-  """Steps an epoch: every process takes as many, each from its own share."""
-  shares = _shares(train_data)
+  """Steps an epoch: every process takes as many, each from its own share.
+
+  Those of the smallest share, in this process's batches.
+  """
+  shares = multihost_utils.process_allgather(np.int64(len(train_data['label'])))
   num_train = int(np.sum(shares))
   if config.batch_size > num_train:
     raise data_sources.DataError(
@@ -308,7 +301,7 @@ def steps_per_epoch(config: ml_collections.ConfigDict, train_data) -> int:
         f'examples of config.train_split={config.train_split!r}: use at most '
         f'{num_train}'
     )
-  steps = _steps(config, shares)
+  steps = int(np.min(shares)) // (config.batch_size // jax.process_count())
   logging.info(
       'Training on %d examples of %r (%d steps/epoch) on %d devices.',
       num_train,
@@ -319,13 +312,15 @@ def steps_per_epoch(config: ml_collections.ConfigDict, train_data) -> int:
   return steps
 
 
-def epoch_rest(config: ml_collections.ConfigDict, step: int, train_data):
+def epoch_rest(
+    config: ml_collections.ConfigDict, step: int, steps: int, train_data
+):
   """This process's indices into its `train_data`, per step from `step` on.
 
-  The steps left in the epoch of the run's global `step`: all of them at
-  its start. Every process takes as many steps, those of the smallest share.
+  The steps left in the epoch of the run's global `step`, of `steps` an
+  epoch (`steps_per_epoch`, the same in every process): all of them at its
+  start.
   """
-  steps = _steps(config, _shares(train_data))
   epoch, done = divmod(step, steps)
   order = epoch_order(
       config.seed,

@@ -4,8 +4,7 @@ import functools
 
 from flax import nnx
 import jax
-
-NUM_CLASSES = 10
+from serving_signatures import NUM_CLASSES
 
 
 class CNN(nnx.Module):

@@ -1,4 +1,4 @@
-"""The exported SavedModel's signatures: their names and what they take.
+"""The exported SavedModel's signatures: their names, what they take and give.
 
 Shared by the exporter (export.py, image_decoding.py) and its client
 (predict.py), which imports neither JAX nor TensorFlow's graph code.
@@ -10,6 +10,8 @@ SIGNATURES = ('serving_default', 'mnist_server')
 INPUT_NAME = 'image'
 IMAGE_SIZE = 28
 IMAGE_SHAPE = (IMAGE_SIZE, IMAGE_SIZE, 1)
+# Each gives 'logits' and 'probabilities', (n, NUM_CLASSES): the digits 0-9.
+NUM_CLASSES = 10
 # Takes encoded images (PNG, JPEG, ...) and decodes them in the graph.
 BYTES_SIGNATURE = 'serving_bytes'
 BYTES_INPUT_NAME = 'image_bytes'

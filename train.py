@@ -322,7 +322,9 @@ def train_and_evaluate(
         step = train_epoch(
             *objects,
             data=train_data,
-            order=input_pipeline.epoch_rest(config, step, train_data),
+            order=input_pipeline.epoch_rest(
+                config, step, steps_per_epoch, train_data
+            ),
             mesh=mesh,
             steps_per_call=config.steps_per_call,
             step=step,
