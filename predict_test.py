@@ -957,15 +957,20 @@ def test_tls_refuses_a_certificate_that_does_not_verify(way, tls_standin, pngs):
   ), err[0]
 
 
-def test_command_tls(tls_standin, grpc_server, certificate, pngs):
+def test_command_tls(
+    tls_standin, grpc_server, certificate, pngs, model_base_path
+):
   ca_file = f'--ca_file={certificate["ca_file"]}'
+  # The served model's answer, as predict.py prints it from the SavedModel.
+  expected = _predict(f'--saved_model={model_base_path}', pngs[0])
+  assert expected.stdout.startswith(f'{pngs[0]}: '), expected.stderr
   for server_flags in (
       [f'--server=https://{tls_standin.rest}', ca_file],
       [f'--grpc={tls_standin.grpc}', '--grpc_tls', ca_file],
   ):
     result = _predict(*server_flags, pngs[0])
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(f'{pngs[0]}: 2 (')
+    assert result.stdout == expected.stdout
   for server_flags, cause in (
       (
           [f'--server={tls_standin.rest}', ca_file],
