@@ -1,5 +1,6 @@
 """Tests of the CPU levers: the same results, only where enabled, undone after."""
 
+import functools
 import logging
 import re
 import subprocess
@@ -345,6 +346,22 @@ def test_every_keep_rate_is_kept_within_a_thousandth():
     dtype, threshold = cpu_levers.narrow_keep_bits(keep)
     got = threshold / 2 ** jnp.iinfo(dtype).bits
     assert abs(got - keep) <= keep / 1000, keep
+
+
+@pytest.mark.parametrize('dtype', [jnp.uint8, jnp.uint16])
+def test_narrow_draws_are_uniform_and_share_no_bits_without_a_transpose(dtype):
+  shape = (64, 28, 28, 32)
+  draw = functools.partial(cpu_levers.narrow_draws, shape=shape, dtype=dtype)
+  draws = np.asarray(draw(jax.random.key(0)))
+  assert draws.shape == shape and draws.dtype == dtype
+  uniform = draws.ravel() / np.iinfo(dtype).max
+  n = uniform.size
+  assert abs(uniform.mean() - 0.5) < 5 * np.sqrt(1 / 12 / n)
+  # Draws i and i + words come from one word: their bits are independent.
+  words = n // (32 // jnp.iinfo(dtype).bits)
+  corr = np.corrcoef(uniform[:-words], uniform[words:])[0, 1]
+  assert abs(corr) < 5 / np.sqrt(n - words)
+  assert 'transpose' not in jax.jit(draw).lower(jax.random.key(0)).as_text()
 
 
 @pytest.mark.parametrize('rate', [0.025, 0.5])
