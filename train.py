@@ -180,8 +180,9 @@ def train_epoch(
   dispatch has finished, its losses are checked (a NaN would otherwise
   spread silently through the rest of the run), `on_steps(step)` is called
   with the global step reached, and `stop()` is asked whether to stop
-  there (on any process: all stop at the same step). Waiting for each dispatch makes progress reports true (JAX
-  dispatches asynchronously); it costs about a millisecond of Python a call.
+  there (on any process: all stop at the same step). Waiting for each
+  dispatch makes progress reports true (JAX dispatches asynchronously); it
+  costs about a millisecond of Python a call.
 
   Returns:
     The global step reached: `step + len(order)`, or less if `stop()` was
