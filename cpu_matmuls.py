@@ -12,6 +12,7 @@ block (a field of each `nnx.Conv` and `nnx.Linear`, put back on exit):
 """
 
 import contextlib
+import itertools
 import math
 
 from flax import nnx
@@ -65,14 +66,20 @@ def _patches(x: jax.Array, kh: int, kw: int) -> jax.Array:
 
 
 def _col2im(patch_grads: jax.Array, shape, kh: int, kw: int) -> jax.Array:
-  """The transpose of `_patches`: each tap's part added back where it read."""
+  """The transpose of `_patches`: each tap's part added back where it read.
+
+  As a sum of the taps' shifted windows, which XLA computes in one pass,
+  not as `kh * kw` updates of a buffer; the same sums in the same order.
+  """
   b, h, w, c = shape
   taps = patch_grads.reshape(b, h, w, kh * kw, c)
-  padded = jnp.zeros((b, h + kh - 1, w + kw - 1, c), patch_grads.dtype)
-  for t in range(kh * kw):
-    i, j = divmod(t, kw)
-    padded = padded.at[:, i : i + h, j : j + w].add(taps[:, :, :, t])
-  return padded[:, kh // 2 : kh // 2 + h, kw // 2 : kw // 2 + w]
+  pad = ((0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2), (0, 0), (0, 0))
+  padded = jnp.pad(taps, pad)
+  windows = [
+      padded[:, kh - 1 - i : kh - 1 - i + h, kw - 1 - j : kw - 1 - j + w, t]
+      for t, (i, j) in enumerate(itertools.product(range(kh), range(kw)))
+  ]
+  return sum(windows[1:], windows[0])
 
 
 @jax.custom_vjp
