@@ -288,6 +288,11 @@ def epoch_order(
   return order[: steps * batch_size].reshape(steps, batch_size).astype(np.int32)
 
 
+def _process_batch(config: ml_collections.ConfigDict) -> int:
+  """The examples of each batch that this process feeds: its share."""
+  return config.batch_size // jax.process_count()
+
+
 def steps_per_epoch(config: ml_collections.ConfigDict, train_data) -> int:
   """Steps an epoch: every process takes as many, each from its own share.
 
@@ -301,7 +306,7 @@ def steps_per_epoch(config: ml_collections.ConfigDict, train_data) -> int:
         f'examples of config.train_split={config.train_split!r}: use at most '
         f'{num_train}'
     )
-  steps = int(np.min(shares)) // (config.batch_size // jax.process_count())
+  steps = int(np.min(shares)) // _process_batch(config)
   logging.info(
       'Training on %d examples of %r (%d steps/epoch) on %d devices.',
       num_train,
@@ -323,10 +328,7 @@ def epoch_rest(
   """
   epoch, done = divmod(step, steps)
   order = epoch_order(
-      config.seed,
-      epoch + 1,
-      len(train_data['label']),
-      config.batch_size // jax.process_count(),
+      config.seed, epoch + 1, len(train_data['label']), _process_batch(config)
   )
   return order[done:steps]
 

@@ -90,8 +90,8 @@ def test_four_devices_shard_the_batch_and_match_one_device(
   # float32 sums (1e-7) into 1e-4 in a step's gradients, and up to 2% in
   # the summary after 16 steps. In float32 the 1e-7 grows too, by how much
   # depends on the dropout masks: 1e-7 to 4e-4 in the test loss after
-  # these 16 steps at rate 0.1 (the masks themselves are the same on 4
-  # devices as on one: test_four_devices_draw_the_dropout_masks_of_one).
+  # these 16 steps at learning rate 0.1 (the masks themselves are the same
+  # on 4 devices as on one: test_four_devices_draw_the_dropout_masks_of_one).
   config = small_config(eval_batch_size=32, matmul_precision='float32')
   one = small_run(config, str(tmp_path / 'one'))  # This process: 1 device.
   config_json = json.dumps(config.to_dict())
