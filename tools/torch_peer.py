@@ -4,9 +4,12 @@ Not part of the app or its tests: it needs PyTorch, which the app does not,
 so it runs from a virtual environment of its own, outside the repository:
 
   python3 -m venv /tmp/torchpeer
-  /tmp/torchpeer/bin/pip install torch==2.14.1 numpy
-  /tmp/torchpeer/bin/python tools/torch_peer.py --data_dir=../shared/data/mnist
-      [--bf16] [--epochs=2]
+  /tmp/torchpeer/bin/pip install torch==2.14.1 numpy ml-collections
+  /tmp/torchpeer/bin/python -m tools.torch_peer \
+      --data_dir=../shared/data/mnist [--bf16] [--epochs=2]
+
+(from the repository's root: the IDX files are read by data_sources.py,
+which needs ml-collections).
 
 The Flax example's CNN layer for layer (BatchNorm's running averages decay
 by 0.99, as Flax's do), SGD with learning rate 0.1 and momentum 0.9, batch
@@ -15,15 +18,15 @@ by 0.99, as Flax's do), SGD with learning rate 0.1 and momentum 0.9, batch
 change a PyTorch user makes to use a CPU's bf16 instructions. Each epoch
 trains, then evaluates all 10,000 test images, and prints its seconds (both
 together, as the epoch lines of docs/speed.md's comparisons); the last line
-is the peak RSS. Reads the original IDX files (gzipped).
+is the peak RSS.
 """
 
 import argparse
-import gzip
 import os
 import resource
 import time
 
+import data_sources
 import numpy as np
 import torch
 from torch import nn
@@ -32,17 +35,12 @@ from torch.nn import functional as F
 BATCH = 128
 
 
-def read_idx(data_dir: str, name: str, offset: int) -> np.ndarray:
-  """The bytes after the header of a gzipped IDX file."""
-  with gzip.open(os.path.join(data_dir, name)) as f:
-    return np.frombuffer(f.read(), np.uint8, offset=offset)
-
-
 def images_and_labels(data_dir: str, prefix: str):
   """A split's images `(N, 1, 28, 28)` in [0, 1], channels_last, and labels."""
-  images = read_idx(data_dir, f'{prefix}-images-idx3-ubyte.gz', 16)
-  labels = read_idx(data_dir, f'{prefix}-labels-idx1-ubyte.gz', 8)
-  x = torch.from_numpy(images.reshape(-1, 1, 28, 28).astype(np.float32) / 255)
+  path = os.path.join(data_dir, prefix)
+  images = data_sources.read_idx(f'{path}-images-idx3-ubyte.gz', 3)
+  labels = data_sources.read_idx(f'{path}-labels-idx1-ubyte.gz', 1)
+  x = torch.from_numpy(images[:, None].astype(np.float32) / 255)
   return (
       x.contiguous(memory_format=torch.channels_last),
       torch.from_numpy(labels.astype(np.int64)),
@@ -71,6 +69,33 @@ class CNN(nn.Module):
     return self.linear2(F.relu(self.dropout2(self.linear1(x))))
 
 
+def train_epoch(model, optimizer, images, labels, autocast):
+  """One epoch of SGD steps on full batches of a random permutation."""
+  model.train()
+  steps = len(images) // BATCH
+  for batch in torch.randperm(len(images))[: steps * BATCH].view(steps, -1):
+    x = images[batch].contiguous(memory_format=torch.channels_last)
+    with autocast():
+      logits = model(x)
+    loss = F.cross_entropy(logits.float(), labels[batch])
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+
+
+def evaluate(model, images, labels, autocast) -> tuple[float, float]:
+  """Mean loss and accuracy (%) over all of `images`, in batches."""
+  model.eval()
+  loss_sum, correct = 0.0, 0
+  with torch.no_grad(), autocast():
+    for i in range(0, len(images), BATCH):
+      logits = model(images[i : i + BATCH]).float()
+      batch_labels = labels[i : i + BATCH]
+      loss_sum += F.cross_entropy(logits, batch_labels, reduction='sum').item()
+      correct += (logits.argmax(1) == batch_labels).sum().item()
+  return loss_sum / len(images), 100 * correct / len(images)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--data_dir', required=True, help='The IDX files.')
@@ -85,30 +110,13 @@ def main():
   autocast = lambda: torch.autocast(
       'cpu', dtype=torch.bfloat16, enabled=args.bf16
   )
-  steps = len(train_x) // BATCH
   for epoch in range(1, args.epochs + 1):
     start = time.perf_counter()
-    model.train()
-    for batch in torch.randperm(len(train_x))[: steps * BATCH].view(steps, -1):
-      images = train_x[batch].contiguous(memory_format=torch.channels_last)
-      with autocast():
-        logits = model(images)
-      loss = F.cross_entropy(logits.float(), train_y[batch])
-      optimizer.zero_grad(set_to_none=True)
-      loss.backward()
-      optimizer.step()
-    model.eval()
-    loss_sum, correct = 0.0, 0
-    with torch.no_grad(), autocast():
-      for i in range(0, len(test_x), BATCH):
-        logits = model(test_x[i : i + BATCH]).float()
-        labels = test_y[i : i + BATCH]
-        loss_sum += F.cross_entropy(logits, labels, reduction='sum').item()
-        correct += (logits.argmax(1) == labels).sum().item()
+    train_epoch(model, optimizer, train_x, train_y, autocast)
+    loss, accuracy = evaluate(model, test_x, test_y, autocast)
     print(
         f'epoch: {epoch}, seconds: {time.perf_counter() - start:.2f}, '
-        f'test_loss: {loss_sum / len(test_x):.4f}, '
-        f'test_accuracy: {100 * correct / len(test_x):.2f}',
+        f'test_loss: {loss:.4f}, test_accuracy: {accuracy:.2f}',
         flush=True,
     )
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
