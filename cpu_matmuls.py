@@ -181,8 +181,9 @@ def conv_gradients(model: nnx.Module):
 # jax 0.10.2): a dot whose result is bf16, or that contracts the first axis
 # of its left operand or the last of its right one, has its operands
 # converted to float32 first. So the dots here ask for float32 results and
-# take each transposed operand as a copy (`_transposed`). bf16 convolutions
-# are converted too: the 32->64 conv multiplies as im2col.
+# take each transposed operand as a copy (`_transposed`), or built so
+# (`_bf16_kernel_gradient`). bf16 convolutions are converted too: the
+# 32->64 conv multiplies as im2col.
 
 
 def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -195,10 +196,9 @@ def _transposed(a: jax.Array) -> jax.Array:
 
   XLA folds a plain `.T` into the dot's dimension numbers, which sends a
   bf16 dot to a float32 conversion; through a 3-D transpose (rows taken
-  16 at a time, the fastest tried) it does not. The 32->64 conv's kernel
-  gradient, its patches transposed `(288, 25088)` times the output
-  gradient: 4.5 ms so, 25 ms converted (2-core AMD EPYC Zen 5, one core,
-  2026-12-03).
+  16 at a time, the fastest tried) it does not. The 32->64 conv's patches
+  transposed `(288, 25088)` times its output gradient: 4.5 ms so, 25 ms
+  converted (2-core AMD EPYC Zen 5, one core, 2026-12-03).
   """
   n, k = a.shape
   rows = math.gcd(n, 16)
@@ -233,11 +233,13 @@ matmul_bf16.defvjp(_matmul_bf16_fwd, _matmul_bf16_bwd)
 
 @jax.custom_vjp
 def conv_same_bf16(x: jax.Array, kernel: jax.Array) -> jax.Array:
-  """`conv_same` as `matmul_bf16` of its bf16 patches, in evaluation too.
+  """`conv_same` as bf16 matmuls with float32 results, in evaluation too.
 
   XLA converts a bf16 convolution to float32, so even where no gradient is
-  taken the convolution is the patches (in bf16, half the bytes) times the
-  kernel. The input gradient is added back (col2im) in float32.
+  taken the convolution is the bf16 patches times the kernel. Backward,
+  the output gradient times the kernel transposed, added back (col2im) in
+  float32, is the input gradient; the patches transposed times the output
+  gradient (`_bf16_kernel_gradient`) the kernel gradient.
   """
   return _conv_same_bf16_fwd(x, kernel)[0]
 
@@ -253,18 +255,47 @@ def _bf16_patches(x: jax.Array, kh: int, kw: int) -> jax.Array:
   return lax.bitcast_convert_type(_patches(bits, kh, kw), jnp.bfloat16)
 
 
+def _bf16_kernel_gradient(x: jax.Array, g: jax.Array, kh: int, kw: int):
+  """`_bf16_patches(x).T @ g`: the kernel gradient, `(kh * kw * C, Cout)`.
+
+  The patches transposed are built as shifted windows of `x` transposed
+  to (C, H, W, B), not as a transposed copy of the patches, which XLA's
+  CPU backend moves slowly (4.7 ms a step for the 32->64 conv, one core,
+  2-core AMD EPYC Zen 5, 2026-12-04). Their columns, and `g`'s rows, are
+  the pixels in (h, w, b) order; the windows move pairs of images as
+  32-bit words, which XLA moves faster than 16-bit ones.
+  """
+  b, h, w, c = x.shape
+  if b % 2:  # Pairs of images: one more, of zeros, that adds nothing.
+    x, g = (jnp.pad(a, ((0, 1), (0, 0), (0, 0), (0, 0))) for a in (x, g))
+    b += 1
+  bits = lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
+  pairs = bits.transpose(3, 1, 2, 0).reshape(c, h, w, b // 2, 2)
+  pairs = lax.bitcast_convert_type(pairs, jnp.uint32)
+  windows = jnp.concatenate(_shifted(pairs, kh, kw), axis=0)
+  bits = lax.bitcast_convert_type(windows, jnp.uint16)
+  patches_t = lax.bitcast_convert_type(
+      bits.reshape(kh * kw * c, h * w * b), jnp.bfloat16
+  )
+  g = g.astype(jnp.bfloat16).transpose(1, 2, 0, 3)
+  return _dot(patches_t, g.reshape(-1, g.shape[-1]))
+
+
 def _conv_same_bf16_fwd(x, kernel):
   kh, kw, _, cout = kernel.shape
   patches = _bf16_patches(x, kh, kw)
-  y, residuals = _matmul_bf16_fwd(patches, kernel.reshape(-1, cout))
-  return y.reshape(*x.shape[:3], cout), (residuals, kernel.shape)
+  y = _dot(patches, kernel.reshape(-1, cout).astype(jnp.bfloat16))
+  return y.reshape(*x.shape[:3], cout), (x, kernel)
 
 
 def _conv_same_bf16_bwd(residuals, g):
-  residuals, (kh, kw, cin, cout) = residuals
-  dpatches, dkernel = _matmul_bf16_bwd(residuals, g.reshape(-1, cout))
-  dx = _col2im(dpatches, (*g.shape[:3], cin), kh, kw)
-  return dx, dkernel.reshape(kh, kw, cin, cout)
+  x, kernel = residuals
+  kh, kw, _, cout = kernel.shape
+  matrix = kernel.reshape(-1, cout).astype(jnp.bfloat16)
+  dpatches = _dot(g.reshape(-1, cout).astype(jnp.bfloat16), _transposed(matrix))
+  dx = _col2im(dpatches, x.shape, kh, kw)
+  dkernel = _bf16_kernel_gradient(x, g, kh, kw)
+  return dx, dkernel.reshape(kernel.shape)
 
 
 conv_same_bf16.defvjp(_conv_same_bf16_fwd, _conv_same_bf16_bwd)
