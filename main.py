@@ -210,4 +210,8 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  # A line of stderr in one write, even under PYTHONUNBUFFERED: there
+  # `sys.exit(message)` writes the message and its newline apart, and a
+  # line that TensorFlow's C++ threads log in between lands inside ours.
+  sys.stderr.reconfigure(line_buffering=True, write_through=False)
   app.run(main, flags_parser=parse_flags)
