@@ -65,18 +65,26 @@ def _patches(x: jax.Array, kh: int, kw: int) -> jax.Array:
   )
 
 
+def _padded_rows(g: jax.Array, kh: int, kw: int) -> jax.Array:
+  """`g`'s pixels as rows, with the zero border that `_shifted` pads inputs."""
+  pad = ((0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2), (0, 0))
+  return jnp.pad(g, pad).reshape(-1, g.shape[-1])
+
+
 def _col2im(patch_grads: jax.Array, shape, kh: int, kw: int) -> jax.Array:
   """The transpose of `_patches`: each tap's part added back where it read.
 
-  As a sum of the taps' shifted windows, which XLA computes in one pass,
-  not as `kh * kw` updates of a buffer; the same sums in the same order.
+  `patch_grads` has a row for each pixel of the output gradient padded by
+  `_padded_rows`, so each tap's shifted window is a slice of it: the
+  border's rows are zeros, and padding the output gradient (64 channels)
+  before the matmul spares a padded copy of its result (288). As a sum of
+  the windows, which XLA computes in one pass, not as `kh * kw` updates of
+  a buffer; the same sums in the same order.
   """
   b, h, w, c = shape
-  taps = patch_grads.reshape(b, h, w, kh * kw, c)
-  pad = ((0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2), (0, 0), (0, 0))
-  padded = jnp.pad(taps, pad)
+  taps = patch_grads.reshape(b, h + kh - 1, w + kw - 1, kh * kw, c)
   windows = [
-      padded[:, kh - 1 - i : kh - 1 - i + h, kw - 1 - j : kw - 1 - j + w, t]
+      taps[:, kh - 1 - i : kh - 1 - i + h, kw - 1 - j : kw - 1 - j + w, t]
       for t, (i, j) in enumerate(itertools.product(range(kh), range(kw)))
   ]
   return sum(windows[1:], windows[0])
@@ -108,9 +116,8 @@ def _conv_same_fwd(x, kernel):
 def _conv_same_bwd(residuals, g):
   patches, kernel = residuals
   kh, kw, cin, cout = kernel.shape
-  g2 = g.reshape(-1, cout)
-  dkernel = (patches.T @ g2).reshape(kernel.shape)
-  dpatches = g2 @ kernel.reshape(-1, cout).T
+  dkernel = (patches.T @ g.reshape(-1, cout)).reshape(kernel.shape)
+  dpatches = _padded_rows(g, kh, kw) @ kernel.reshape(-1, cout).T
   return _col2im(dpatches, (*g.shape[:3], cin), kh, kw), dkernel
 
 
@@ -292,7 +299,8 @@ def _conv_same_bf16_bwd(residuals, g):
   x, kernel = residuals
   kh, kw, _, cout = kernel.shape
   matrix = kernel.reshape(-1, cout).astype(jnp.bfloat16)
-  dpatches = _dot(g.reshape(-1, cout).astype(jnp.bfloat16), _transposed(matrix))
+  rows = _padded_rows(g.astype(jnp.bfloat16), kh, kw)
+  dpatches = _dot(rows, _transposed(matrix))
   dx = _col2im(dpatches, x.shape, kh, kw)
   dkernel = _bf16_kernel_gradient(x, g, kh, kw)
   return dx, dkernel.reshape(kernel.shape)
