@@ -263,7 +263,7 @@ def _bf16_patches(x: jax.Array, kh: int, kw: int) -> jax.Array:
 
 
 def _bf16_kernel_gradient(x: jax.Array, g: jax.Array, kh: int, kw: int):
-  """`_bf16_patches(x).T @ g`: the kernel gradient, `(kh * kw * C, Cout)`.
+  """`_bf16_patches(x).T @ g`, `g` in bf16: the kernel gradient.
 
   The patches transposed are built as shifted windows of `x` transposed
   to (C, H, W, B), not as a transposed copy of the patches, which XLA's
@@ -284,8 +284,7 @@ def _bf16_kernel_gradient(x: jax.Array, g: jax.Array, kh: int, kw: int):
   patches_t = lax.bitcast_convert_type(
       bits.reshape(kh * kw * c, h * w * b), jnp.bfloat16
   )
-  g = g.astype(jnp.bfloat16).transpose(1, 2, 0, 3)
-  return _dot(patches_t, g.reshape(-1, g.shape[-1]))
+  return _dot(patches_t, g.transpose(1, 2, 0, 3).reshape(-1, g.shape[-1]))
 
 
 def _conv_same_bf16_fwd(x, kernel):
@@ -298,9 +297,9 @@ def _conv_same_bf16_fwd(x, kernel):
 def _conv_same_bf16_bwd(residuals, g):
   x, kernel = residuals
   kh, kw, _, cout = kernel.shape
+  g = g.astype(jnp.bfloat16)
   matrix = kernel.reshape(-1, cout).astype(jnp.bfloat16)
-  rows = _padded_rows(g.astype(jnp.bfloat16), kh, kw)
-  dpatches = _dot(rows, _transposed(matrix))
+  dpatches = _dot(_padded_rows(g, kh, kw), _transposed(matrix))
   dx = _col2im(dpatches, x.shape, kh, kw)
   dkernel = _bf16_kernel_gradient(x, g, kh, kw)
   return dx, dkernel.reshape(kernel.shape)
