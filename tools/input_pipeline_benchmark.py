@@ -20,6 +20,7 @@ if __name__ == '__main__':  # Before the modules below import TensorFlow.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import gzip
+import importlib.util
 import os
 import shutil
 import statistics
@@ -113,11 +114,9 @@ def _configs(mnist_dir: str, root: str) -> dict:
     add('hf (Hub parquet, PNG Image)', 'hf', hub)
   except ImportError:
     print('hf: datasets is not installed')
-  try:
-    import torchvision  # pylint: disable=g-import-not-at-top,unused-import
-
+  if importlib.util.find_spec('torchvision'):
     add('torchvision', 'torchvision', _torchvision_root(mnist_dir, root))
-  except ImportError:
+  else:
     print('torchvision: not installed')
   return configs
 
