@@ -1,0 +1,169 @@
+"""An epoch's seconds of whole training commands, run in turn: opt-in.
+
+How docs/speed.md compares this project with the Flax example and PyTorch:
+
+  python -m tools.compare_runs --rounds=3 [--epoch=2] \
+      --run='ours=python main.py --workdir={workdir} \
+          --config=configs/default.py --config.num_epochs=2' \
+      --run='pytorch bf16=/tmp/torchpeer/bin/python -m tools.torch_peer \
+          --data_dir=../shared/data/mnist --bf16'
+
+Each round runs every command once, in the order given, one at a time, in
+the foreground of this process; `{workdir}` is a new directory each time,
+removed after. An epoch's seconds run from the arrival of the epoch line
+before it to its own (the training and the full evaluation): a line with
+`epoch: N` and `test_accuracy: X`, which this project's `main.py`, the
+Flax example's and `tools/torch_peer.py` each print once an epoch is
+evaluated; `--epoch=0` times whole commands only. Peak RSS is the
+kernel's count for each finished command. Prints each run, a table of
+medians, with each run's speed against the first round by round, then one
+JSON object as its last line.
+"""
+
+import collections
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import typing
+
+from absl import app
+from absl import flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_multi_string(
+    'run',
+    [],
+    "NAME=COMMAND, once per command; '{workdir}' in COMMAND is a new "
+    'directory.',
+)
+flags.DEFINE_integer('rounds', 3, 'Rounds; each runs every command once.')
+flags.DEFINE_integer(
+    'epoch',
+    2,
+    'The epoch timed, from the line of the epoch before; 0: whole commands.',
+    lower_bound=0,
+)
+
+_EPOCH_LINE = re.compile(r'\bepoch:\s*(\d+)\b.*\btest_accuracy:\s*([\d.]+)')
+
+
+class Run(typing.NamedTuple):
+  """One command's figures."""
+
+  epoch_seconds: float | None
+  seconds: float
+  peak_rss_gb: float
+  test_accuracy: float | None
+
+
+def parse_runs(specs: list[str]) -> dict[str, list[str]]:
+  """{name: argv} from `NAME=COMMAND` specs; ValueError names a bad one."""
+  runs = {}
+  for spec in specs:
+    name, _, command = spec.partition('=')
+    if not name.strip() or not command.strip():
+      raise ValueError(f'--run={spec!r}: expected NAME=COMMAND')
+    if name in runs:
+      raise ValueError(f'--run={spec!r}: the name {name!r} is taken')
+    runs[name] = shlex.split(command)
+  if not runs:
+    raise ValueError('no --run given: expected NAME=COMMAND, once per command')
+  return runs
+
+
+def run_once(name: str, argv: list[str], epoch: int) -> Run:
+  """Runs `argv` once; RuntimeError if it fails or prints no epoch line."""
+  with tempfile.TemporaryDirectory() as scratch:
+    workdir = os.path.join(scratch, 'workdir')
+    argv = [arg.replace('{workdir}', workdir) for arg in argv]
+    env = dict(os.environ, PYTHONUNBUFFERED='1')  # Lines as they happen.
+    start = time.monotonic()
+    arrivals, accuracy = {}, None
+    tail = collections.deque(maxlen=20)
+    with subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    ) as process:
+      for line in process.stdout:
+        tail.append(line)
+        match = _EPOCH_LINE.search(line)
+        if match and int(match.group(1)) not in arrivals:
+          arrivals[int(match.group(1))] = time.monotonic()
+          accuracy = float(match.group(2))
+      # wait4, not wait: the peak RSS of this command alone.
+      _, status, usage = os.wait4(process.pid, 0)
+      seconds = time.monotonic() - start
+      process.returncode = os.waitstatus_to_exitcode(status)
+  if process.returncode:
+    why = f'exited with {process.returncode}'
+  elif epoch and not {epoch - 1, epoch} <= arrivals.keys() | {0}:
+    why = f'printed no epoch lines for epoch {epoch - 1} and {epoch}'
+  else:
+    before = arrivals.get(epoch - 1, start)
+    return Run(
+        epoch_seconds=arrivals[epoch] - before if epoch else None,
+        seconds=seconds,
+        peak_rss_gb=usage.ru_maxrss / 1e6,  # Kilobytes on Linux.
+        test_accuracy=accuracy,
+    )
+  sys.stderr.write(''.join(tail))
+  raise RuntimeError(f'{name!r} ({shlex.join(argv)}) {why}')
+
+
+def compare(runs: dict[str, list[str]], rounds: int, epoch: int) -> dict:
+  """Each run's figures, round by round, and its speed against the first."""
+  results = {name: [] for name in runs}
+  for number in range(1, rounds + 1):
+    for name, argv in runs.items():
+      run = run_once(name, argv, epoch)
+      results[name].append(run)
+      print(f'round {number}, {name}: {json.dumps(run._asdict())}', flush=True)
+  timed = 'epoch_seconds' if epoch else 'seconds'
+  first = [getattr(run, timed) for run in next(iter(results.values()))]
+  summary = {'timed': f'epoch {epoch}' if epoch else 'whole command'}
+  for name, name_runs in results.items():
+    values = [getattr(run, timed) for run in name_runs]
+    # Round by round: a machine that slows for a while slows both.
+    paired = [f / v for f, v in zip(first, values)]
+    summary[name] = {
+        'seconds': round(statistics.median(values), 2),
+        'runs': [round(v, 2) for v in values],
+        'paired_speedup': round(statistics.median(paired), 2),
+        'pairs': [round(p, 2) for p in paired],
+        'peak_rss_gb': [round(run.peak_rss_gb, 2) for run in name_runs],
+        'test_accuracy': [run.test_accuracy for run in name_runs],
+    }
+  return summary
+
+
+def main(argv):
+  del argv
+  try:
+    runs = parse_runs(FLAGS.run)
+  except ValueError as error:
+    raise app.UsageError(str(error)) from None
+  try:
+    summary = compare(runs, FLAGS.rounds, FLAGS.epoch)
+  except RuntimeError as error:
+    sys.exit(f'compare_runs: {error}')
+  print(f'\n{summary["timed"]}, seconds: median (rounds), x first run')
+  for name in runs:
+    s = summary[name]
+    print(
+        f'{name:30s} {s["seconds"]:8.2f} {s["runs"]}  x{s["paired_speedup"]}'
+        f' {s["pairs"]}'
+    )
+  print(json.dumps(summary))
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,93 @@
+"""Tests for tools/compare_runs.py, with small Python programs as commands."""
+
+import os
+import re
+import shlex
+import sys
+
+import pytest
+
+from tools import compare_runs
+
+
+def _trainer(seconds_per_epoch: float, epochs: int = 2) -> list[str]:
+  """A command that makes {workdir} (it must not exist) and prints epochs."""
+  program = (
+      'import os, sys, time\n'
+      'os.mkdir(sys.argv[1])\n'
+      f'for epoch in range(1, {epochs} + 1):\n'
+      f'  time.sleep({seconds_per_epoch})\n'
+      "  print(f'epoch: {epoch:2d}, train_loss: 0.1, test_loss: 0.1, '\n"
+      "        f'test_accuracy: {98 + epoch / 4:.2f}')\n"
+  )
+  return [sys.executable, '-c', program, '{workdir}']
+
+
+def test_parse_runs_names_each_command():
+  runs = compare_runs.parse_runs(['a=python main.py --x=1', 'b b=ls -l'])
+  assert runs == {'a': ['python', 'main.py', '--x=1'], 'b b': ['ls', '-l']}
+
+
+@pytest.mark.parametrize(
+    'specs, message',
+    [
+        ([], 'no --run given'),
+        (['main.py'], "--run='main.py': expected NAME=COMMAND"),
+        (['a= '], "--run='a= ': expected NAME=COMMAND"),
+        (['a=ls', 'a=pwd'], "--run='a=pwd': the name 'a' is taken"),
+    ],
+)
+def test_parse_runs_rejects(specs, message):
+  with pytest.raises(ValueError, match='^' + re.escape(message)):
+    compare_runs.parse_runs(specs)
+
+
+def test_compare_times_the_epoch_between_its_line_and_the_one_before():
+  runs = {'slow': _trainer(0.6), 'fast': _trainer(0.1)}
+  summary = compare_runs.compare(runs, rounds=2, epoch=2)
+  slow, fast = summary['slow'], summary['fast']
+  assert summary['timed'] == 'epoch 2'
+  assert all(0.6 <= s < 3 for s in slow['runs']), slow
+  assert all(0.1 <= s < 0.6 for s in fast['runs']), fast
+  assert slow['pairs'] == [1.0, 1.0]
+  assert all(p > 1.5 for p in fast['pairs']), fast
+  assert fast['test_accuracy'] == [98.5, 98.5]
+  assert all(0 < gb < 1 for gb in fast['peak_rss_gb'])
+
+
+def test_compare_times_whole_commands_with_epoch_0():
+  summary = compare_runs.compare({'one': _trainer(0.2, 1)}, rounds=1, epoch=0)
+  assert summary['timed'] == 'whole command'
+  assert 0.2 <= summary['one']['seconds'] < 5
+  assert summary['one']['test_accuracy'] == [98.25]
+
+
+def test_each_run_gets_a_new_workdir_removed_after(tmp_path):
+  record = tmp_path / 'workdirs'
+  program = (
+      'import os, sys\n'
+      'os.mkdir(sys.argv[1])\n'
+      f'open({str(record)!r}, "a").write(sys.argv[1] + "\\n")\n'
+      "print('epoch: 1, test_accuracy: 99.00')\n"
+  )
+  runs = {'a': [sys.executable, '-c', program, '{workdir}']}
+  compare_runs.compare(runs, rounds=2, epoch=1)
+  workdirs = record.read_text().split()
+  assert len(set(workdirs)) == 2
+  assert not any(os.path.exists(w) for w in workdirs)
+
+
+@pytest.mark.parametrize(
+    'argv, why',
+    [
+        ([sys.executable, '-c', 'import sys; sys.exit(3)'], 'exited with 3'),
+        (_trainer(0, epochs=1), 'printed no epoch lines for epoch 1 and 2'),
+    ],
+)
+def test_a_failed_command_is_an_error_naming_it(argv, why, capsys):
+  with pytest.raises(RuntimeError) as error:
+    compare_runs.compare({'bad': argv}, rounds=1, epoch=2)
+  assert str(error.value).startswith("'bad' (" + shlex.join(argv[:1]))
+  assert str(error.value).endswith(why)
+  if argv[-1] == '{workdir}':  # Its output, for the reason.
+    assert 'epoch:  1' in capsys.readouterr().err
