@@ -15,7 +15,8 @@ before it to its own (the training and the full evaluation): a line with
 `epoch: N` and `test_accuracy: X`, which this project's `main.py`, the
 Flax example's and `tools/torch_peer.py` each print once an epoch is
 evaluated; `--epoch=0` times whole commands only. Peak RSS is the
-kernel's count for each finished command. Prints each run, a table of
+kernel's count for each finished command, which starts at the fork and so
+includes this process's own (some 20 MB). Prints each run, a table of
 medians, with each run's speed against the first round by round, then one
 JSON object as its last line.
 """

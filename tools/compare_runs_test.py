@@ -1,8 +1,10 @@
 """Tests for tools/compare_runs.py, with small Python programs as commands."""
 
+import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 
 import pytest
@@ -52,7 +54,28 @@ def test_compare_times_the_epoch_between_its_line_and_the_one_before():
   assert slow['pairs'] == [1.0, 1.0]
   assert all(p > 1.5 for p in fast['pairs']), fast
   assert fast['test_accuracy'] == [98.5, 98.5]
-  assert all(0 < gb < 1 for gb in fast['peak_rss_gb'])
+  assert all(gb > 0 for gb in fast['peak_rss_gb'])
+
+
+def test_the_command_line_reports_each_command_s_peak_rss():
+  program = "b = b'x' * 300_000_000; print('epoch: 1, test_accuracy: 9.5')"
+  out = subprocess.run(
+      [
+          sys.executable,
+          '-m',
+          'tools.compare_runs',
+          '--rounds=1',
+          '--epoch=0',
+          f'--run=big={shlex.join([sys.executable, "-c", program])}',
+      ],
+      capture_output=True,
+      text=True,
+      check=True,
+  ).stdout
+  big = json.loads(out.splitlines()[-1])['big']
+  # 300 MB, Python's own, and this tool's from before the command's exec.
+  assert 0.29 < big['peak_rss_gb'][0] < 0.4, big
+  assert big['test_accuracy'] == [9.5]
 
 
 def test_compare_times_whole_commands_with_epoch_0():
