@@ -14,7 +14,8 @@ removed after. An epoch's seconds run from the arrival of the epoch line
 before it to its own (the training and the full evaluation): a line with
 `epoch: N` and `test_accuracy: X`, which this project's `main.py`, the
 Flax example's and `tools/torch_peer.py` each print once an epoch is
-evaluated; `--epoch=0` times whole commands only. Peak RSS is the
+evaluated; its test accuracy is reported. `--epoch=0` times whole
+commands only, and reports the last epoch's accuracy. Peak RSS is the
 kernel's count for each finished command, which starts at the fork and so
 includes this process's own (some 20 MB). Prints each run, a table of
 medians, with each run's speed against the first round by round, then one
@@ -43,7 +44,9 @@ flags.DEFINE_multi_string(
     "NAME=COMMAND, once per command; '{workdir}' in COMMAND is a new "
     'directory.',
 )
-flags.DEFINE_integer('rounds', 3, 'Rounds; each runs every command once.')
+flags.DEFINE_integer(
+    'rounds', 3, 'Rounds; each runs every command once.', lower_bound=1
+)
 flags.DEFINE_integer(
     'epoch',
     2,
@@ -85,7 +88,7 @@ def run_once(name: str, argv: list[str], epoch: int) -> Run:
     argv = [arg.replace('{workdir}', workdir) for arg in argv]
     env = dict(os.environ, PYTHONUNBUFFERED='1')  # Lines as they happen.
     start = time.monotonic()
-    arrivals, accuracy = {}, None
+    arrivals, accuracies = {}, {}  # By epoch.
     tail = collections.deque(maxlen=20)
     with subprocess.Popen(
         argv,
@@ -99,22 +102,25 @@ def run_once(name: str, argv: list[str], epoch: int) -> Run:
         match = _EPOCH_LINE.search(line)
         if match and int(match.group(1)) not in arrivals:
           arrivals[int(match.group(1))] = time.monotonic()
-          accuracy = float(match.group(2))
-      # wait4, not wait: the peak RSS of this command alone.
+          accuracies[int(match.group(1))] = float(match.group(2))
+      # wait4, not wait: the command's resource usage, its peak RSS.
       _, status, usage = os.wait4(process.pid, 0)
       seconds = time.monotonic() - start
       process.returncode = os.waitstatus_to_exitcode(status)
+  missing = sorted({epoch - 1, epoch} - arrivals.keys() - {0}) if epoch else []
   if process.returncode:
     why = f'exited with {process.returncode}'
-  elif epoch and not {epoch - 1, epoch} <= arrivals.keys() | {0}:
-    why = f'printed no epoch lines for epoch {epoch - 1} and {epoch}'
+  elif missing:
+    why = f'printed no epoch line for epoch {" or ".join(map(str, missing))}'
   else:
-    before = arrivals.get(epoch - 1, start)
+    last = max(accuracies, default=None)
     return Run(
-        epoch_seconds=arrivals[epoch] - before if epoch else None,
+        epoch_seconds=arrivals[epoch] - arrivals.get(epoch - 1, start)
+        if epoch
+        else None,
         seconds=seconds,
         peak_rss_gb=usage.ru_maxrss / 1e6,  # Kilobytes on Linux.
-        test_accuracy=accuracy,
+        test_accuracy=accuracies.get(epoch or last),
     )
   sys.stderr.write(''.join(tail))
   raise RuntimeError(f'{name!r} ({shlex.join(argv)}) {why}')
