@@ -56,7 +56,8 @@ def run_main(monkeypatch):
   Returns what the process would exit with: 0, the status absl exits with,
   or the one-line message that `sys.exit` prints before exiting with 1.
   The flags that config_flags registers for the overrides, the flag values,
-  the signal handlers and the unraisable hook are put back after each run.
+  the signal handlers and the unraisable hook are put back after each run,
+  and the objects that `main` froze for the garbage collector unfrozen.
   """
   monkeypatch.chdir(ROOT)
   monkeypatch.setattr(signal, 'signal', lambda signum, handler: None)
@@ -73,6 +74,7 @@ def run_main(monkeypatch):
     except SystemExit as e:
       return e.code
     finally:
+      gc.unfreeze()
       flags.FLAGS.unparse_flags()
       for name in [n for n in flags.FLAGS if n.startswith('config.')]:
         delattr(flags.FLAGS, name)
