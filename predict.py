@@ -43,6 +43,7 @@ if __name__ == '__main__':  # Before TensorFlow's and gRPC's first import.
     os.environ.setdefault('GRPC_VERBOSITY', 'ERROR')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import gc
 import json
 
 from absl import app
@@ -284,6 +285,7 @@ def main(argv):
     classifier = make_classifier()
   except classifiers.InputError as e:
     sys.exit(f'error: {e}')
+  gc.freeze()  # The imports' objects live until exit: see main.py.
   if classify(
       argv[1:], classifier, FLAGS.invert, FLAGS.json, as_bytes=FLAGS.bytes
   ):
