@@ -103,6 +103,25 @@ def bf16_matmuls(
   return native, f'{why}; {because}'
 
 
+def matmul_precision(
+    config: ml_collections.ConfigDict,
+    platform: str | None = None,
+    flags: frozenset[str] | None = None,
+) -> str:
+  """What training's matmuls compute in, and why (see `bf16_matmuls`).
+
+  The run logs it; `mnist_benchmark.py` records it beside its figures.
+  """
+  bf16, why = bf16_matmuls(config, platform, flags)
+  if bf16:
+    precision = 'bfloat16 operands, float32 accumulation'
+  elif (platform or jax.default_backend()) == 'cpu':
+    precision = 'float32'
+  else:
+    precision = "JAX's default"
+  return f'{precision} ({why})'
+
+
 @contextlib.contextmanager
 def applied(
     config: ml_collections.ConfigDict,
@@ -117,19 +136,12 @@ def applied(
   them. On exit the model's layers and JAX's threefry lowering are what
   they were before.
   """
-  bf16, why = bf16_matmuls(config, platform)
-  if bf16:
-    precision = 'bfloat16 operands, float32 accumulation'
-  elif (platform or jax.default_backend()) == 'cpu':
-    precision = 'float32'
-  else:
-    precision = "JAX's default"
-  logging.info('Matmul precision: %s (%s).', precision, why)
+  logging.info('Matmul precision: %s.', matmul_precision(config, platform))
   with contextlib.ExitStack() as stack:
     if enabled(config, platform):
       stack.enter_context(cpu_matmuls.conv_gradients(model))
       stack.enter_context(unrolled_threefry())
-      if bf16:
+      if bf16_matmuls(config, platform)[0]:
         stack.enter_context(cpu_matmuls.bf16_layers(model))
       if config.narrow_dropout_bits:
         stack.enter_context(narrow_dropout(model))

@@ -216,6 +216,32 @@ def test_bf16_matmuls_with_auto_where_the_cpu_levers_apply(
   assert cpu_levers.bf16_matmuls(config, platform) == expected
 
 
+@pytest.mark.parametrize(
+    'platform, bf16, expected',
+    [
+        (
+            'cpu',
+            '1',
+            'bfloat16 operands, float32 accumulation '
+            '(matmul_precision=auto; $MNIST_CPU_BF16=1)',
+        ),
+        ('cpu', '0', 'float32 (matmul_precision=auto; $MNIST_CPU_BF16=0)'),
+        (
+            'tpu',
+            '1',
+            "JAX's default "
+            '(matmul_precision=auto; the CPU levers do not apply on tpu)',
+        ),
+    ],
+)
+def test_matmul_precision_says_what_the_matmuls_compute_in_and_why(
+    platform, bf16, expected, monkeypatch
+):
+  monkeypatch.setenv(cpu_levers.BF16_ENV, bf16)
+  config = default.get_config()
+  assert cpu_levers.matmul_precision(config, platform) == expected
+
+
 def _bf16(x):
   """`x` rounded to bf16, as float32."""
   return np.asarray(x, jnp.bfloat16).astype(np.float32)

@@ -11,8 +11,9 @@ the baseline that speed-ups are measured against.
 Prints a report, then one JSON object as its last line: besides accuracy and
 speed, the seconds of each phase of the run (start-up: the imports before
 training starts; data; compilation; training; evaluation; summaries;
-checkpoints; export) and the peak RSS. Exits non-zero when the final test
-accuracy is outside [0.99, 1.0].
+checkpoints; export), the peak RSS and what the matmuls computed in (with
+`matmul_precision='auto'`, bf16 or float32 depending on the CPU). Exits
+non-zero when the final test accuracy is outside [0.99, 1.0].
 """
 
 import time
@@ -34,6 +35,7 @@ import statistics
 
 from absl import app
 from absl import flags
+import cpu_levers
 import jax
 import main
 import phases
@@ -99,8 +101,10 @@ def run(argv) -> None:
   phases.SECONDS.clear()
   if FLAGS.reference:
     reference_loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    precision = "JAX's default (the Flax example's loop: no CPU levers)"
   else:
     main.main(argv)
+    precision = cpu_levers.matmul_precision(FLAGS.config)
   peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   seconds.update(phases.SECONDS)
   result = summarize(
@@ -111,6 +115,7 @@ def run(argv) -> None:
   )
   result['config'] = FLAGS.config.to_dict()
   result['loop'] = 'reference' if FLAGS.reference else 'ours'
+  result['matmul_precision'] = precision
   for key, value in result.items():
     if key != 'config':
       print(f'{key}: {value}')

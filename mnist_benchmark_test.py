@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import cpu_levers
 import mnist_benchmark
 import pytest
 
@@ -62,6 +63,7 @@ def test_tiny_run_prints_json_and_fails_on_low_accuracy(
       capture_output=True,
       text=True,
       cwd=ROOT,
+      env={**os.environ, cpu_levers.BF16_ENV: '1'},  # On any CPU.
       timeout=600,
   )
   report = json.loads(result.stdout.strip().splitlines()[-1])
@@ -80,6 +82,14 @@ def test_tiny_run_prints_json_and_fails_on_low_accuracy(
   del report['seconds']['compile']
   assert report['wall_time_s'] > sum(report['seconds'].values())
   assert report['config']['num_epochs'] == 2
+  assert (
+      report['matmul_precision']
+      == {
+          'ours': 'bfloat16 operands, float32 accumulation '
+          '(matmul_precision=auto; $MNIST_CPU_BF16=1)',
+          'reference': "JAX's default (the Flax example's loop: no CPU levers)",
+      }[loop]
+  )
   # Two steps of training cannot reach 99%: the benchmark says so and fails.
   assert report['final_test_accuracy'] < 0.99
   assert result.returncode == 1
