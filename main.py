@@ -154,7 +154,7 @@ def main(argv):
 
   if FLAGS.verbosity < 1:
     logging.get_absl_handler().addFilter(QUIET_LIBRARIES)
-    sys.unraisablehook = log_unraisable
+    signals.report_unraisable = log_unraisable
 
   if FLAGS.compilation_cache_dir and not jax.config.jax_compilation_cache_dir:
     jax.config.update(

@@ -8,9 +8,10 @@ SystemExit in the main thread, so that every `finally` on the way runs (the
 array cache's temporary file, the workdir's lock); if the process has not
 ended `GRACE_SECS` later (a long C++ call, or threads that its exit waits
 for, such as a download's), it ends then. Python drops an exception raised
-in a garbage collector's callback, where a handler can run too: should the
-process then end otherwise, its exit status is still the signal's. Nothing
-is half-written where a later run would trust it: files are written under
+in a finalizer (`__del__`, a weakref's callback), where a handler can run
+too: the signal is then delivered again once the finalizer has returned, and
+however the process ends, its exit status is the signal's. Nothing is
+half-written where a later run would trust it: files are written under
 temporary names and renamed when whole.
 
 Once training has begun, a signal asks the loop to stop at its next
@@ -33,6 +34,10 @@ from absl import logging
 
 # Seconds that a process interrupted before training has to end by itself.
 GRACE_SECS = 5
+
+# Seconds after an interruption dropped in a finalizer that it is delivered
+# again, for the finalizer to return (dropped again, it is delivered again).
+AGAIN_SECS = 0.05
 
 # What the main thread is doing, by the innermost function of its stack that
 # is in one of these modules (module-level code is an import: not counted);
@@ -71,12 +76,16 @@ class StopSignals:
     self._training = False
     self._interrupted = None  # The signal that ended the process early.
     self._said = threading.Lock()  # Held once the interruption is told.
+    # Released once for each signal delivered again, whose byte on the
+    # wakeup file descriptor `_watch` then skips.
+    self._again = threading.Semaphore(0)
     self._read, self._write = socket.socketpair()
     self._write.setblocking(False)
     self.take_signals()
     threading.Thread(target=self._watch, daemon=True).start()
     atexit.register(self._exit_status)
-    self._report_unraisable = sys.unraisablehook
+    # Where Python's reports of the exceptions it dropped go, but ours.
+    self.report_unraisable = sys.unraisablehook
     sys.unraisablehook = self._unraisable
 
   def take_signals(self) -> None:
@@ -97,9 +106,18 @@ class StopSignals:
       raise SystemExit(128 + signum)
 
   def _unraisable(self, unraisable) -> None:
-    """Python's report of an exception it dropped, unless it is ours."""
+    """Python's report of an exception it dropped: ours is raised again."""
     if self._interrupted is None or unraisable.exc_type is not SystemExit:
-      self._report_unraisable(unraisable)
+      self.report_unraisable(unraisable)
+    else:
+      again = threading.Timer(AGAIN_SECS, self._deliver, [self._interrupted])
+      again.daemon = True
+      again.start()
+
+  def _deliver(self, signum: int) -> None:
+    """Sends `signum` to the main thread again, to wake it if it waits."""
+    self._again.release()
+    signal.pthread_kill(threading.main_thread().ident, signum)
 
   def _exit_status(self) -> None:
     """At exit (atexit): the status of an interruption, however it ended."""
@@ -121,6 +139,8 @@ class StopSignals:
   def _watch(self) -> None:
     while data := self._read.recv(64):
       for signum in map(signal.Signals, data):
+        if self._again.acquire(blocking=False):
+          continue  # Delivered again by `_deliver`, not sent.
         if self.received is None:
           self.received = signum
           if self._training:
