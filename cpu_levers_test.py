@@ -262,11 +262,13 @@ def test_matmul_bf16_and_its_gradients_are_float32_products_of_bf16s():
   assert np.abs(y - a @ b).max() > 1e-3  # Not float32's product.
 
 
-@pytest.mark.parametrize('batch', [2, 3])  # Its kernel gradient pairs images.
-def test_conv_same_bf16_is_the_convolution_of_bf16_roundings(batch):
+# Its kernel gradient pairs images, its patches pairs of channels.
+@pytest.mark.parametrize('batch', [2, 3])
+@pytest.mark.parametrize('channels', [5, 6])
+def test_conv_same_bf16_is_the_convolution_of_bf16_roundings(batch, channels):
   rng = np.random.default_rng(0)
-  x = rng.normal(size=(batch, 9, 7, 5)).astype(np.float32)
-  kernel = rng.normal(size=(3, 3, 5, 4)).astype(np.float32)
+  x = rng.normal(size=(batch, 9, 7, channels)).astype(np.float32)
+  kernel = rng.normal(size=(3, 3, channels, 4)).astype(np.float32)
   g = rng.normal(size=(batch, 9, 7, 4)).astype(np.float32)
   stock = lambda x, k: lax.conv_general_dilated(
       x, k, (1, 1), 'SAME', dimension_numbers=('NHWC', 'HWIO', 'NHWC')
