@@ -17,7 +17,10 @@ Flax example's and `tools/torch_peer.py` each print once an epoch is
 evaluated; its test accuracy is reported. `--epoch=0` times whole
 commands only, and reports the last epoch's accuracy. Peak RSS is the
 kernel's count for each finished command, which starts at the fork and so
-includes this process's own (some 20 MB). Prints each run, a table of
+includes this process's own (some 20 MB). Stolen seconds are the CPU time
+that the hypervisor gave to other machines while the command ran (all of
+this machine's CPUs, from /proc/stat; None where it has no such count): on
+a shared virtual machine a round slowed by its neighbours shows there. Prints each run, a table of
 medians, with each run's speed against the first round by round, then one
 JSON object as its last line.
 """
@@ -64,6 +67,22 @@ class Run(typing.NamedTuple):
   seconds: float
   peak_rss_gb: float
   test_accuracy: float | None
+  stolen_seconds: float | None
+
+
+def stolen_seconds(stat: str = '/proc/stat') -> float | None:
+  """CPU seconds stolen by the hypervisor since boot, all CPUs; or None.
+
+  The eighth count of /proc/stat's `cpu` line, in clock ticks (proc(5)).
+  """
+  try:
+    with open(stat) as f:
+      counts = f.readline().split()
+  except OSError:
+    return None
+  if len(counts) < 9 or counts[0] != 'cpu':
+    return None
+  return int(counts[8]) / os.sysconf('SC_CLK_TCK')
 
 
 def parse_runs(specs: list[str]) -> dict[str, list[str]]:
@@ -87,7 +106,7 @@ def run_once(name: str, argv: list[str], epoch: int) -> Run:
     workdir = os.path.join(scratch, 'workdir')
     argv = [arg.replace('{workdir}', workdir) for arg in argv]
     env = dict(os.environ, PYTHONUNBUFFERED='1')  # Lines as they happen.
-    start = time.monotonic()
+    start, stolen_before = time.monotonic(), stolen_seconds()
     arrivals, accuracies = {}, {}  # By epoch.
     tail = collections.deque(maxlen=20)
     with subprocess.Popen(
@@ -105,7 +124,7 @@ def run_once(name: str, argv: list[str], epoch: int) -> Run:
           accuracies[int(match.group(1))] = float(match.group(2))
       # wait4, not wait: the command's resource usage, its peak RSS.
       _, status, usage = os.wait4(process.pid, 0)
-      seconds = time.monotonic() - start
+      seconds, stolen_after = time.monotonic() - start, stolen_seconds()
       process.returncode = os.waitstatus_to_exitcode(status)
   missing = sorted({epoch - 1, epoch} - arrivals.keys() - {0}) if epoch else []
   if process.returncode:
@@ -121,6 +140,9 @@ def run_once(name: str, argv: list[str], epoch: int) -> Run:
         seconds=seconds,
         peak_rss_gb=usage.ru_maxrss / 1e6,  # Kilobytes on Linux.
         test_accuracy=accuracies.get(epoch or last),
+        stolen_seconds=None
+        if stolen_before is None or stolen_after is None
+        else stolen_after - stolen_before,
     )
   sys.stderr.write(''.join(tail))
   raise RuntimeError(f'{name!r} ({shlex.join(argv)}) {why}')
@@ -148,6 +170,10 @@ def compare(runs: dict[str, list[str]], rounds: int, epoch: int) -> dict:
         'pairs': [round(p, 2) for p in paired],
         'peak_rss_gb': [round(run.peak_rss_gb, 2) for run in name_runs],
         'test_accuracy': [run.test_accuracy for run in name_runs],
+        'stolen_seconds': [
+            None if run.stolen_seconds is None else round(run.stolen_seconds, 1)
+            for run in name_runs
+        ],
     }
   return summary
 
@@ -162,12 +188,15 @@ def main(argv):
     summary = compare(runs, FLAGS.rounds, FLAGS.epoch)
   except RuntimeError as error:
     sys.exit(f'compare_runs: {error}')
-  print(f'\n{summary["timed"]}, seconds: median (rounds), x first run')
+  print(
+      f'\n{summary["timed"]}, seconds: median (rounds), x first run, '
+      'seconds stolen'
+  )
   for name in runs:
     s = summary[name]
     print(
         f'{name:30s} {s["seconds"]:8.2f} {s["runs"]}  x{s["paired_speedup"]}'
-        f' {s["pairs"]}'
+        f' {s["pairs"]}  stolen {s["stolen_seconds"]}'
     )
   print(json.dumps(summary))
 

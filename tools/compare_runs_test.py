@@ -114,3 +114,22 @@ def test_a_failed_command_is_an_error_naming_it(argv, why, capsys):
   assert str(error.value).endswith(why)
   if argv[-1] == '{workdir}':  # Its output, for the reason.
     assert 'epoch:  1' in capsys.readouterr().err
+
+
+def test_stolen_seconds_reads_the_eighth_count_of_the_cpu_line(tmp_path):
+  ticks = os.sysconf('SC_CLK_TCK')
+  stat = tmp_path / 'stat'
+  stat.write_text(f'cpu  10 0 5 900 1 0 2 {3 * ticks} 0 0\ncpu0 1 2 3\n')
+  assert compare_runs.stolen_seconds(str(stat)) == 3.0
+  stat.write_text('cpu  10 0 5 900\n')  # A kernel without the count.
+  assert compare_runs.stolen_seconds(str(stat)) is None
+  assert compare_runs.stolen_seconds(str(tmp_path / 'missing')) is None
+
+
+def test_compare_reports_the_seconds_stolen_during_each_run():
+  summary = compare_runs.compare({'a': _trainer(0.1)}, rounds=1, epoch=2)
+  (stolen,) = summary['a']['stolen_seconds']
+  if compare_runs.stolen_seconds() is None:
+    assert stolen is None
+  else:
+    assert stolen >= 0
