@@ -1,10 +1,13 @@
 """The shortest run found to 99% test accuracy on a 2-core CPU: one epoch.
 
-The same CNN and batch size as configs/default.py; what changes is the
-schedule: a one-cycle learning rate (warm-up to 0.15, then cosine decay to
-near zero) with Nesterov momentum, which reaches in one epoch what the
-constant rate reaches in about three, and no dropout (a regulariser that one
-epoch does not need, and that costs a fifth of a CPU step in random bits).
+The same CNN as configs/default.py; what changes is the schedule: a one-cycle
+learning rate (warm-up to 0.15, then cosine decay to near zero) with Nesterov
+momentum, which reaches in one epoch what the constant rate reaches in about
+three; half the batch (64), twice the updates for the same images, which
+kept every seed tried above 99.0% where 128 left some at 98.98 (a CPU step
+costs about its batch, so the epoch takes as long); and no dropout (a
+regulariser that one epoch does not need, and that costs a fifth of a CPU
+step in random bits).
 """
 
 from configs import default
@@ -14,6 +17,7 @@ def get_config():
   """Returns the fast configuration (see the module docstring)."""
   config = default.get_config()
   config.num_epochs = 1
+  config.batch_size = 64
   config.learning_rate = 0.15  # The peak of the one-cycle schedule.
   config.lr_schedule = 'one_cycle'
   config.nesterov = True
