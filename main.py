@@ -11,6 +11,7 @@ nothing to save (see stop_signals.py). A second Ctrl-C exits at once.
 One run at a time per workdir: the second one started refuses with one line.
 """
 
+import gc
 import sys
 
 import stop_signals
@@ -19,10 +20,13 @@ import tensorflow_startup
 if __name__ == '__main__':  # Before the imports below, which take seconds.
   tensorflow_startup.quiet(sys.argv)  # Before TensorFlow's first import.
   stop_signals.install()  # A stop while they run is prompt too.
+  # The imports make half a million objects that live until exit: the
+  # collector, walking them again and again meanwhile, frees next to
+  # nothing. It is back on once they are frozen (see `main`).
+  gc.disable()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import asyncio
-import gc
 import importlib.util
 import os
 import signal
@@ -195,7 +199,9 @@ def main(argv):
       tensorflow_startup.hide_gpus()
       # The half million objects that the imports made live until exit:
       # frozen, Python's full collections (and those at exit) skip them.
+      # The collector, off during the imports, is back on for the run.
       gc.freeze()
+      gc.enable()
       if FLAGS.mode == 'export':
         train.export_checkpoint(FLAGS.config, FLAGS.workdir)
       else:

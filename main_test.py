@@ -163,6 +163,24 @@ def test_tensorflow_is_imported_only_when_a_run_needs_it():
   assert result.stdout == 'False\n'
 
 
+def test_the_garbage_collector_is_on_for_the_run(
+    run_main, monkeypatch, tmp_path
+):
+  """main.py turns it off for its imports; `main` turns it back on."""
+  enabled = []
+  monkeypatch.setattr(
+      train,
+      'train_and_evaluate',
+      lambda *args: enabled.append(gc.isenabled()),
+  )
+  gc.disable()
+  try:
+    assert run_main(f'--workdir={tmp_path}', '--config=configs/fast.py') == 0
+  finally:
+    gc.enable()
+  assert enabled == [True]
+
+
 def test_workdir_is_required(run_main, capsys):
   assert run_main('--config=configs/default.py') == 1
   assert 'Flag --workdir must have a value other than None' in (
