@@ -21,12 +21,14 @@ import time
 _START = time.perf_counter()  # Before the imports, which start-up counts.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import gc
 import sys
 
 import tensorflow_startup
 
 if __name__ == '__main__':  # Before the modules below import TensorFlow.
   tensorflow_startup.quiet(sys.argv)
+  gc.disable()  # As main.py does for its imports; `main.main` turns it on.
 
 import collections
 import json
