@@ -28,7 +28,7 @@ import tensorflow_startup
 
 if __name__ == '__main__':  # Before the modules below import TensorFlow.
   tensorflow_startup.quiet(sys.argv)
-  gc.disable()  # As main.py does for its imports; `main.main` turns it on.
+  gc.disable()  # As main.py does for its imports; `run` turns it on.
 
 import collections
 import json
@@ -93,6 +93,7 @@ def summarize(
 
 def run(argv) -> None:
   start = time.perf_counter()
+  gc.enable()  # The imports are done (TensorFlow's among them): both loops.
   seconds = collections.Counter(startup=start - _START)
 
   def count_compile(event: str, duration: float, **unused_kwargs) -> None:
