@@ -14,10 +14,12 @@ One run at a time per workdir: the second one started refuses with one line.
 import gc
 import sys
 
+import malloc_arenas
 import stop_signals
 import tensorflow_startup
 
 if __name__ == '__main__':  # Before the imports below, which take seconds.
+  malloc_arenas.limit()  # Before they start threads.
   tensorflow_startup.quiet(sys.argv)  # Before TensorFlow's first import.
   stop_signals.install()  # A stop while they run is prompt too.
   # The imports make half a million objects that live until exit: the

@@ -24,9 +24,11 @@ _START = time.perf_counter()  # Before the imports, which start-up counts.
 import gc
 import sys
 
+import malloc_arenas
 import tensorflow_startup
 
 if __name__ == '__main__':  # Before the modules below import TensorFlow.
+  malloc_arenas.limit()  # As main.py does, for the same peak memory.
   tensorflow_startup.quiet(sys.argv)
   gc.disable()  # As main.py does for its imports; `run` turns it on.
 
