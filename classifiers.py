@@ -60,6 +60,9 @@ def _tensorflow_error(message: str) -> str:
   """
   lines = [l for l in str(message).splitlines() if l and not l[0].isspace()]
   cause = one_line(lines[-1] if lines else message)
+  # The graph's own checks (the bytes signature's bound on an image's size)
+  # fail as `assertion failed: [<what>]`: the what is the cause.
+  cause = re.sub(r'^assertion failed: \[(.*)\]$', r'\1', cause)
   for pattern, remedy in CAUSES:
     if pattern.search(str(message)):
       return f'{cause}: {remedy}'

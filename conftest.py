@@ -9,9 +9,12 @@ why; the others run.
 """
 
 import gzip
+import io
 import os
 import shutil
+import struct
 import tempfile
+import zlib
 
 # Before JAX is imported, here and in the tests' subprocesses (which inherit
 # the environment): a persistent compilation cache, so that the same
@@ -35,6 +38,7 @@ import filelock
 import input_pipeline
 import numpy as np
 import parallel
+from PIL import Image
 import pytest
 import tensorflow_datasets as tfds
 import train
@@ -214,3 +218,56 @@ def trained_export(trained_model, tmp_path_factory) -> str:
   """The SavedModel exported from `trained_model`: its version directory."""
   model_dir = str(tmp_path_factory.mktemp('trained_export') / 'mnist')
   return export.export_saved_model(trained_model, model_dir)
+
+
+def _encoded(image: Image.Image, image_format: str, **options) -> bytes:
+  buffer = io.BytesIO()
+  image.save(buffer, image_format, **options)
+  return buffer.getvalue()
+
+
+def _claiming(data: bytes, width: int, height: int) -> bytes:
+  """A small PNG or JPEG whose header says `width` x `height`, as in an attack.
+
+  PNG's IHDR (its checksum made again) or JPEG's SOF0; the data stays that
+  of the small image, which decoders fill out to the size claimed.
+  """
+  data = bytearray(data)
+  if data.startswith(b'\x89PNG'):
+    data[16:24] = struct.pack('>II', width, height)
+    data[29:33] = struct.pack('>I', zlib.crc32(data[12:29]))
+  else:
+    sof = data.index(b'\xff\xc0')
+    data[sof + 5 : sof + 9] = struct.pack('>HH', height, width)
+  return bytes(data)
+
+
+@pytest.fixture(scope='session')
+def oversized_images(tmp_path_factory) -> dict[str, str]:
+  """Files of a few bytes to a few dozen KB, each over the decoding bound.
+
+  name -> path. Some say the truth (a blank image of 5000x5000 pixels
+  compresses to next to nothing), some lie (a 16x16 JPEG or PNG whose header
+  claims more); 'frames.gif' is 20 frames of 1000x1000, within the bound
+  each but not together.
+  """
+  directory = tmp_path_factory.mktemp('oversized')
+  small = Image.new('L', (16, 16))
+  frames = [Image.new('L', (1000, 1000), 255 * (i % 2)) for i in range(20)]
+  bmp = _encoded(small, 'BMP')
+  files = {
+      'blank.png': _encoded(Image.new('L', (5000, 5000)), 'PNG'),
+      'blank.webp': _encoded(
+          Image.new('L', (5000, 5000)), 'WEBP', lossless=True
+      ),
+      'strip.png': _encoded(Image.new('L', (20000, 1)), 'PNG'),
+      'claims.jpg': _claiming(_encoded(small, 'JPEG'), 5000, 5000),
+      'claims.png': _claiming(_encoded(small, 'PNG'), 30000, 30000),
+      'claims.bmp': bmp[:18] + struct.pack('<ii', 5000, 5000) + bmp[26:],
+      'frames.gif': _encoded(
+          frames[0], 'GIF', save_all=True, append_images=frames[1:]
+      ),
+  }
+  for name, data in files.items():
+    (directory / name).write_bytes(data)
+  return {name: str(directory / name) for name in files}

@@ -76,3 +76,58 @@ def test_resize_weights_sum_to_one_in_fixed_point(in_size, out_size):
 def test_not_an_image_is_refused():
   with pytest.raises(tf.errors.InvalidArgumentError, match='image'):
     image_decoding.decode(tf.constant([b'not a picture']))
+
+
+def _claims(data: bytes) -> tuple[int, int, int]:
+  return tuple(int(v) for v in image_decoding.claimed_size(tf.constant(data)))
+
+
+@pytest.mark.parametrize('mode, image_format', CASES + [('RGBA', 'WEBP')])
+def test_claimed_size_is_what_the_header_says(mode, image_format):
+  data = _encoded((300, 200), mode, image_format, seed=0)
+  frames = 300 * 200 if image_format == 'GIF' else 0
+  assert _claims(data) == (300, 200, frames)
+
+
+def test_lossy_webp_and_animated_gif_sizes():
+  image = Image.new('RGB', (300, 200))
+  lossy = io.BytesIO()
+  image.save(lossy, 'WEBP', quality=80)
+  frames = [Image.new('L', (120, 50), 255 * (i % 2)) for i in range(7)]
+  gif = io.BytesIO()
+  frames[0].save(gif, 'GIF', save_all=True, append_images=frames[1:])
+  assert _claims(lossy.getvalue()) == (300, 200, 0)
+  assert _claims(gif.getvalue()) == (120, 50, 7 * 120 * 50)
+
+
+# The line of each oversized image (see conftest.oversized_images).
+REFUSALS = {
+    'blank.png': 'the image is 5000x5000 pixels',
+    'blank.webp': 'the image is 5000x5000 pixels',
+    'strip.png': 'the image is 20000x1 pixels',
+    'claims.jpg': 'the image is 5000x5000 pixels',
+    'claims.png': 'the image is 30000x30000 pixels',
+    'claims.bmp': 'the image is 5000x5000 pixels',
+    'frames.gif': 'the frames of the GIF hold more than 16777216 pixels',
+}
+BOUND = (
+    '; the model decodes at most 16777216 pixels (4096x4096), 16384 on a side'
+)
+
+
+@pytest.mark.parametrize('name', REFUSALS)
+def test_images_over_the_bound_are_refused(oversized_images, name):
+  with open(oversized_images[name], 'rb') as f:
+    data = f.read()
+  with pytest.raises(tf.errors.InvalidArgumentError) as refused:
+    image_decoding.decode(tf.constant([data]))
+  assert REFUSALS[name] + BOUND in refused.value.message
+
+
+def test_an_image_of_the_bound_is_decoded(tmp_path):
+  path = tmp_path / 'bound.png'
+  pixels = np.zeros((4096, 4096), np.uint8)
+  pixels[1000:3000, 1800:2300] = 255  # A one.
+  Image.fromarray(pixels).save(path)
+  image = image_decoding.decode(tf.constant([path.read_bytes()])).numpy()
+  np.testing.assert_array_equal(image, predict.load_image(str(path)))

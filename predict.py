@@ -11,12 +11,13 @@ scheme is given), `--grpc=HOST:PORT --grpc_tls`. The server's certificate is
 verified with the system's CA certificates (REST) or gRPC's own (gRPC), or
 with those of `--ca_file=PEM` (a self-signed certificate is its own CA).
 
-Inputs are PNG (or any image Pillow reads) files of any size, grey or RGB, or
-`.npy` arrays of 28x28 images. Images are prepared as training saw MNIST:
-converted to grey, resized to 28x28, scaled from [0, 255] to [0, 1]. MNIST
-digits are white (255) on black (0); scans of dark ink on white paper need
-`--invert`. With `--bytes`, image files are sent as they are to the
-`serving_bytes` signature, which prepares them the same way in the model.
+Inputs are PNG (or any image Pillow reads) files up to 4096x4096 pixels,
+grey or RGB, or `.npy` arrays of 28x28 images. Images are prepared as
+training saw MNIST: converted to grey, resized to 28x28, scaled from [0, 255]
+to [0, 1]. MNIST digits are white (255) on black (0); scans of dark ink on
+white paper need `--invert`. With `--bytes`, image files are sent as they are
+to the `serving_bytes` signature, which prepares them the same way in the
+model.
 
 One line per image: the input, the predicted digit and its probability (JSON
 lines with `--json`). An input that cannot be classified gets one line on
@@ -45,6 +46,7 @@ if __name__ == '__main__':  # Before TensorFlow's and gRPC's first import.
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import gc
 import json
+import warnings
 
 from absl import app
 from absl import flags
@@ -52,7 +54,7 @@ import classifiers
 import numpy as np
 from PIL import Image
 from PIL import UnidentifiedImageError
-from serving_signatures import BYTES_SIGNATURE, IMAGE_SIZE
+from serving_signatures import BOUND, BYTES_SIGNATURE, IMAGE_SIZE, MAX_PIXELS, MAX_SIDE
 
 FLAGS = flags.FLAGS
 
@@ -105,11 +107,27 @@ def load_image(path: str, invert: bool = False) -> np.ndarray:
 
   Grey by ITU-R 601 luma (Pillow's 'L'), then resized with Pillow's bilinear
   filter (a 28x28 image is left as it is), then divided by 255: on MNIST's
-  own images this gives exactly the training data.
+  own images this gives exactly the training data. An image whose header
+  claims more pixels than the bound (serving_signatures.MAX_PIXELS) is
+  refused before it is decoded, as the bytes signature refuses it.
   """
   try:
-    with Image.open(path) as image:
-      grey = image.convert('L')
+    # Pillow warns of sizes over its own bound, and refuses twice that.
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore', Image.DecompressionBombWarning)
+      with Image.open(path) as image:
+        width, height = image.size
+        if width * height > MAX_PIXELS or max(width, height) > MAX_SIDE:
+          raise classifiers.InputError(
+              f'the image is {width}x{height} pixels; predict.py decodes '
+              + BOUND
+          )
+        grey = image.convert('L')
+  except Image.DecompressionBombError:
+    raise classifiers.InputError(
+        f'the image claims over {2 * Image.MAX_IMAGE_PIXELS} pixels; '
+        f'predict.py decodes {BOUND}'
+    ) from None
   except UnidentifiedImageError:
     raise classifiers.InputError('not an image that Pillow can read') from None
   except OSError as e:

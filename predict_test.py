@@ -27,6 +27,7 @@ import urllib.request
 
 import classifiers
 import grpc
+import image_decoding_test
 import numpy as np
 from PIL import Image
 import predict
@@ -648,6 +649,107 @@ def test_a_server_that_answers_with_an_error(
     failures, out, err = _classify(pngs[:1], classifier)
     assert (failures, out) == (1, [])
     assert err == [f'error: {pngs[0]}: {answer}']
+
+
+# Images over the decoding bound: one line each, in bounded memory.
+
+
+def _peak_rss_growth(pid: int, send) -> float:
+  """MB that process `pid`'s peak resident memory rose over its RSS, by `send()`.
+
+  Linux resets the peak (VmHWM) when 5 is written to /proc/PID/clear_refs.
+  """
+
+  def status(field: str) -> float:
+    with open(f'/proc/{pid}/status') as f:
+      line = next(l for l in f if l.startswith(field + ':'))
+    return int(line.split()[1]) / 1024
+
+  with open(f'/proc/{pid}/clear_refs', 'w') as f:
+    f.write('5')
+  before = status('VmRSS')
+  send()
+  return status('VmHWM') - before
+
+
+@pytest.mark.parametrize(
+    'way, answer',
+    [
+        ('saved_model', 'the model refused it'),
+        ('rest', 'server {} answered 400'),
+        ('grpc', 'server {} answered INVALID_ARGUMENT'),
+    ],
+)
+def test_the_bytes_signature_refuses_images_over_the_bound(
+    way, answer, trained_export, standin, pngs, oversized_images
+):
+  """Refused before decoding: the stand-in's peak memory barely moves.
+
+  Decoded, the blank 5000x5000 PNG alone would cost it hundreds of MB.
+  """
+  classifier = _classifiers(
+      way, trained_export, standin.rest, standin.grpc, 'serving_bytes'
+  )
+  paths = [*oversized_images.values(), pngs[0]]
+  result = []
+  send = lambda: result.append(_classify(paths, classifier, as_bytes=True))
+  if way == 'saved_model':
+    send()
+  else:
+    assert _peak_rss_growth(standin.process.pid, send) < 100
+  failures, out, err = result[0]
+  assert failures == len(oversized_images)
+  assert [line.split(':')[0] for line in out] == [pngs[0]]
+  address = {'rest': standin.rest, 'grpc': standin.grpc}.get(way, '')
+  assert err == [
+      f'error: {path}: {answer.format(address)}: '
+      + image_decoding_test.REFUSALS[name]
+      + image_decoding_test.BOUND
+      for name, path in oversized_images.items()
+  ]
+
+
+def _peak_rss_mb(args: list[str], tmp_path) -> tuple[list[str], float]:
+  """predict.py's output lines and error lines, and its peak memory (MB)."""
+  out, err = tmp_path / 'out', tmp_path / 'err'
+  with open(out, 'w') as stdout, open(err, 'w') as stderr:
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, 'predict.py'), *args],
+        stdout=stdout,
+        stderr=stderr,
+        cwd=ROOT,
+    )
+    _, status, usage = os.wait4(process.pid, 0)  # Waited for, with its usage.
+  assert os.waitstatus_to_exitcode(status) == (1 if len(args) > 2 else 0)
+  lines = out.read_text().splitlines(), err.read_text().strip().splitlines()
+  return lines, usage.ru_maxrss / 1024
+
+
+def test_predict_refuses_images_over_the_bound_before_decoding(
+    trained_export, pngs, oversized_images, tmp_path
+):
+  """Its own decoding (Pillow) too; the others are classified.
+
+  Pillow decodes a GIF's first frame alone: 'frames.gif' (1000x1000) is
+  classified. Pillow refuses sizes past twice its own bound by itself.
+  """
+  model = f'--saved_model={os.path.dirname(trained_export)}'
+  refused = {k: v for k, v in oversized_images.items() if k != 'frames.gif'}
+  (out, err), peak = _peak_rss_mb([model, *refused.values(), pngs[0]], tmp_path)
+  (alone, _), peak_alone = _peak_rss_mb([model, pngs[0]], tmp_path)
+  assert out == alone and len(out) == 1
+  bound = 'at most 16777216 pixels (4096x4096), 16384 on a side'
+  assert err == [
+      f'error: {path}: '
+      + (
+          'the image claims over 178956970 pixels'
+          if name == 'claims.png'
+          else image_decoding_test.REFUSALS[name]
+      )
+      + f'; predict.py decodes {bound}'
+      for name, path in refused.items()
+  ]
+  assert peak < peak_alone + 50
 
 
 # The command line.

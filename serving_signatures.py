@@ -15,3 +15,12 @@ NUM_CLASSES = 10
 # Takes encoded images (PNG, JPEG, ...) and decodes them in the graph.
 BYTES_SIGNATURE = 'serving_bytes'
 BYTES_INPUT_NAME = 'image_bytes'
+
+# The largest image that the bytes signature and predict.py decode, by the
+# size its header claims: what one image costs a server is then bounded,
+# whatever its bytes say. 4096x4096 holds a 12 MP phone photo (4000x3000) of
+# a digit; a side is bounded too, as the resize's weights grow with it. A
+# GIF's frames count together: TensorFlow decodes them all.
+MAX_PIXELS = 4096 * 4096
+MAX_SIDE = 16384
+BOUND = f'at most {MAX_PIXELS} pixels (4096x4096), {MAX_SIDE} on a side'
