@@ -15,10 +15,12 @@ import gc
 import sys
 
 import malloc_arenas
+import startup
 import stop_signals
 import tensorflow_startup
 
 if __name__ == '__main__':  # Before the imports below, which take seconds.
+  startup.check_config(sys.argv)  # A bad --config is one line, at once.
   malloc_arenas.limit()  # Before they start threads.
   tensorflow_startup.quiet(sys.argv)  # Before TensorFlow's first import.
   stop_signals.install()  # A stop while they run is prompt too.

@@ -245,6 +245,78 @@ def test_bad_values_are_named_with_what_is_allowed(
   assert len(_snapshot(directory)) == len(before)
 
 
+# What each config file holds, and the line that says what is wrong with it.
+BAD_CONFIG_FILES = {
+    'missing.py': (None, 'no such file'),
+    'syntax.py': ('def get_config(:\n', r'not valid Python: .* \(line 1\)'),
+    'nothing.py': ('VALUE = 1\n', r'it defines no get_config\(\)'),
+    'raises.py': (
+        'def get_config():\n  return {}["learning_rat"]\n',
+        "loading it raised KeyError: 'learning_rat'",
+    ),
+    'none.py': (
+        'def get_config():\n  pass\n',
+        r'its get_config\(\) returned None',
+    ),
+    'default.py:fast': (
+        None,
+        r"its get_config\(\) cannot take the argument 'fast'",
+    ),
+    'argument.py': (
+        'def get_config(name):\n  return None\n',
+        r'its get_config\(name\) needs an argument: --config=.*argument.py:\.\.\.',
+    ),
+}
+
+
+@pytest.mark.parametrize('name', BAD_CONFIG_FILES)
+def test_a_bad_config_file_is_one_line_before_jax_starts(name, tmp_path):
+  """Each mistake in --config: one line, status 1, no workdir, no JAX.
+
+  `-X importtime` lists every module the process imported.
+  """
+  source, cause = BAD_CONFIG_FILES[name]
+  path = os.path.join(ROOT, 'configs', name)
+  if source is not None:
+    path = str(tmp_path / name)
+    with open(path, 'w') as f:
+      f.write(source)
+  workdir = tmp_path / 'workdir'
+  result = subprocess.run(
+      [
+          sys.executable,
+          '-X',
+          'importtime',
+          *_command(f'--workdir={workdir}')[1:],
+          f'--config={path}',
+      ],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      timeout=60,
+  )
+  lines = result.stderr.splitlines()
+  imported = [
+      l.split('|')[-1].strip() for l in lines if l.startswith('import time:')
+  ]
+  assert 'absl.flags' in imported
+  assert not [m for m in imported if m.split('.')[0] in ('jax', 'tensorflow')]
+  errors = [l for l in lines if not l.startswith('import time:')]
+  assert result.returncode == 1
+  assert len(errors) == 1, errors
+  assert re.fullmatch(f'error: --config={re.escape(path)}: {cause}', errors[0])
+  assert not workdir.exists()
+
+
+def test_a_bad_config_file_has_its_traceback_with_verbosity_1(tmp_path):
+  path = tmp_path / 'raises.py'
+  path.write_text(BAD_CONFIG_FILES['raises.py'][0])
+  result = _main(f'--workdir={tmp_path}/w', f'--config={path}', '-v', '1')
+  assert result.returncode == 1
+  assert 'Traceback' in result.stderr
+  assert result.stderr.strip().endswith("KeyError: 'learning_rat'")
+
+
 def test_a_real_process_prints_the_one_line_and_exits_1(workdir):
   config, directory, before = workdir
   result = _main(

@@ -25,9 +25,11 @@ import gc
 import sys
 
 import malloc_arenas
+import startup
 import tensorflow_startup
 
 if __name__ == '__main__':  # Before the modules below import TensorFlow.
+  startup.check_config(sys.argv)
   malloc_arenas.limit()  # As main.py does, for the same peak memory.
   tensorflow_startup.quiet(sys.argv)
   gc.disable()  # As main.py does for its imports; `run` turns it on.
