@@ -146,18 +146,17 @@ FIELDS = {
     # device): fewer Python dispatches, progress reported between calls. 39
     # divides the 468 steps of an epoch, so one compiled call serves them all.
     'steps_per_call': Field(39, _POSITIVE_INT, resumable=True),
-    # On a CPU, train with the levers of cpu_levers.py: the same math, in
-    # forms that XLA runs faster there. Other platforms never use them.
+    # On a CPU, build the model with the layers of cpu/layers.py: the same
+    # math, in forms that XLA runs faster there. Other platforms never do.
     'cpu_levers': Field(True, _ANY, resumable=True),
-    # The matmuls' precision with the CPU levers: 'auto' multiplies bf16
+    # The matmuls' precision with the CPU levers: 'bfloat16' multiplies bf16
     # operands with float32 accumulation and results (as a TPU's default
-    # precision does) where the CPU does so natively (amx_bf16 or
-    # avx512_bf16 among its flags; $MNIST_CPU_BF16=1 or 0 decides instead):
-    # the conv of 32 channels and the dense layers, in training and
-    # evaluation; parameters, optimizer and BatchNorm stay float32.
-    # 'float32': float32 everywhere.
+    # precision does): the conv of 32 channels and the dense layers, in
+    # training and evaluation; parameters, optimizer and BatchNorm stay
+    # float32. 'auto' does so where the CPU does natively (amx_bf16 or
+    # avx512_bf16 among its flags). 'float32': float32 everywhere.
     'matmul_precision': Field(
-        'auto', _one_of('auto', 'float32'), resumable=True
+        'auto', _one_of('auto', 'float32', 'bfloat16'), resumable=True
     ),
     # With the CPU levers, dropout masks from 8- or 16-bit random draws, not
     # 32: another random stream, the same distribution (the keep rate within

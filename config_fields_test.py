@@ -39,7 +39,7 @@ def test_the_shipped_configs_pass():
         ('checkpoints_to_keep', 0, 'an integer > 0'),
         ('export_model_name', 'a/b', 'a directory name of letters'),
         ('export_model_name', '..', 'a directory name of letters'),
-        ('matmul_precision', 'bfloat16', "one of 'auto', 'float32'"),
+        ('matmul_precision', 'bf16', "one of 'auto', 'float32', 'bfloat16'"),
     ],
 )
 def test_a_bad_value_is_named_with_what_is_allowed(field, value, allowed):

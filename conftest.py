@@ -31,10 +31,11 @@ import tensorflow_startup  # pylint: disable=g-import-not-at-top
 tensorflow_startup.quiet([])
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import cpu_levers
+from cpu import layers as cpu_layers
 import data_sources
 import export
 import filelock
+from flax import nnx
 import input_pipeline
 import numpy as np
 import parallel
@@ -186,21 +187,22 @@ def trained_model(small_config):
   """
   config = small_config()
   data, _ = input_pipeline.load(config)
-  model = train.create_model(config)
+  model = train.create_model(config, cpu_layers.for_config(config))
   order = input_pipeline.epoch_order(config.seed, 1, 1024, config.batch_size)
   optimizer = train.create_optimizer(model, config, len(order))
-  with cpu_levers.applied(config, model):
-    train.train_epoch(
-        model,
-        optimizer,
-        train.create_metrics(),
-        data=data,
-        order=order,
-        mesh=parallel.create_mesh(),
-        steps_per_call=config.steps_per_call,
-    )
-  model.eval()
-  return model
+  train.train_epoch(
+      model,
+      optimizer,
+      train.create_metrics(),
+      data=data,
+      order=order,
+      mesh=parallel.create_mesh(),
+      steps_per_call=config.steps_per_call,
+  )
+  stock = train.create_model(config)  # Flax's own kernels, as exported.
+  nnx.update(stock, nnx.state(model))
+  stock.eval()
+  return stock
 
 
 @pytest.fixture(scope='session')

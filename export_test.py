@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 @pytest.fixture(scope='module')
 def exported(tmp_path_factory):
   """An untrained model in eval mode and the SavedModel exported from it."""
-  model = models.CNN(dropout_rate=0.025, rngs=nnx.Rngs(0))
+  model = models.CNN(nnx.Rngs(0))
   model_dir = str(tmp_path_factory.mktemp('export') / 'mnist')
   path = export.export_saved_model(model, model_dir)
   return model, model_dir, path
@@ -93,7 +93,7 @@ def test_a_killed_export_leaves_no_version(tmp_path):
   script = (
       'import export, models\n'
       'from flax import nnx\n'
-      'model = models.CNN(dropout_rate=0.025, rngs=nnx.Rngs(0))\n'
+      'model = models.CNN(nnx.Rngs(0))\n'
       'while True:\n'
       '  export.export_saved_model(model, %r)\n' % model_dir
   )
@@ -115,7 +115,7 @@ def test_a_killed_export_leaves_no_version(tmp_path):
     assert os.path.isfile(os.path.join(version_dir, 'saved_model.pb'))
     assert os.path.isdir(os.path.join(version_dir, 'variables'))
     assert os.path.isfile(os.path.join(version_dir, export.WARMUP_FILE))
-  model = models.CNN(dropout_rate=0.025, rngs=nnx.Rngs(0))
+  model = models.CNN(nnx.Rngs(0))
   path = export.export_saved_model(model, model_dir)
   assert path == os.path.join(model_dir, str(max(versions, default=0) + 1))
   assert not [n for n in os.listdir(model_dir) if n.endswith(export.INCOMPLETE)]

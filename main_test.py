@@ -927,5 +927,72 @@ def test_compiled_steps_are_kept_in_the_compilation_cache(
   kept = {name.split('-')[0] for name in os.listdir(cache)}
   # The training and evaluation steps, and the small computations too (the
   # model's initialisers compile in well under JAX's default 1 s).
-  assert {'jit__train_steps', 'jit__eval_batches'} <= kept
+  assert {'jit_train_steps', 'jit_eval_steps'} <= kept
   assert 'jit__truncated_normal' in kept
+
+
+# A model changed as users change the example's: layers the CPU levers do
+# not cover (VALID padding, an even kernel, stride 2, a dilation), which
+# compute as stock Flax computes them.
+CHANGED_MODEL = """
+import functools
+from flax import nnx
+from serving_signatures import NUM_CLASSES
+
+
+class CNN(nnx.Module):
+
+  def __init__(self, rngs, *, dropout_rate=0.025, layers=nnx):
+    self.conv1 = layers.Conv(1, 32, kernel_size=(3, 3), rngs=rngs)
+    self.batch_norm1 = nnx.BatchNorm(32, rngs=rngs)
+    self.dropout1 = layers.Dropout(rate=dropout_rate, rngs=rngs)
+    self.conv2 = layers.Conv(32, 64, kernel_size=(3, 3), rngs=rngs)
+    self.batch_norm2 = nnx.BatchNorm(64, rngs=rngs)
+    self.conv3 = layers.Conv(64, 64, kernel_size=(2, 2), padding='VALID', rngs=rngs)
+    self.conv4 = layers.Conv(64, 32, kernel_size=(3, 3), strides=2, rngs=rngs)
+    self.conv5 = layers.Conv(32, 32, kernel_size=(3, 3), kernel_dilation=2, rngs=rngs)
+    self.avg_pool = functools.partial(nnx.avg_pool, window_shape=(2, 2), strides=(2, 2))
+    self.linear1 = layers.Linear(288, 256, rngs=rngs)
+    self.dropout2 = layers.Dropout(rate=dropout_rate, rngs=rngs)
+    self.linear2 = layers.Linear(256, NUM_CLASSES, rngs=rngs)
+
+  def __call__(self, x, rngs=None):
+    x = self.avg_pool(nnx.relu(self.batch_norm1(self.dropout1(self.conv1(x), rngs=rngs))))
+    x = self.avg_pool(nnx.relu(self.batch_norm2(self.conv2(x))))
+    x = nnx.relu(self.conv5(nnx.relu(self.conv4(nnx.relu(self.conv3(x))))))
+    x = x.reshape(x.shape[0], -1)  # 3x3x32
+    x = nnx.relu(self.dropout2(self.linear1(x), rngs=rngs))
+    return self.linear2(x)
+"""
+
+
+def test_a_changed_model_trains_through_the_default_command(
+    mnist_data_dir, tmp_path
+):
+  checkout = tmp_path / 'checkout'
+  shutil.copytree(
+      ROOT,
+      checkout,
+      ignore=shutil.ignore_patterns('.*', '__pycache__', '*.ipynb', 'docs'),
+  )
+  (checkout / 'models.py').write_text(CHANGED_MODEL)
+  workdir = tmp_path / 'workdir'
+  result = subprocess.run(
+      [
+          sys.executable,
+          'main.py',
+          f'--workdir={workdir}',
+          '--config=configs/default.py',
+          f'--config.data_dir={mnist_data_dir}',
+          '--config.train_split=train[:1024]',
+          '--config.test_split=test[:256]',
+          '--config.num_epochs=1',
+      ],
+      capture_output=True,
+      text=True,
+      cwd=checkout,
+      timeout=600,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert re.search(r'epoch:  1, train_loss: \d', result.stderr)
+  assert os.path.isfile(workdir / 'export' / 'mnist' / '1' / 'saved_model.pb')

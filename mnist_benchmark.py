@@ -41,7 +41,7 @@ import statistics
 
 from absl import app
 from absl import flags
-import cpu_levers
+from cpu import layers as cpu_layers
 import jax
 import main
 import phases
@@ -111,7 +111,7 @@ def run(argv) -> None:
     precision = "JAX's default (the Flax example's loop: no CPU levers)"
   else:
     main.main(argv)
-    precision = cpu_levers.matmul_precision(FLAGS.config)
+    precision = cpu_layers.matmul_precision(FLAGS.config)
   peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   seconds.update(phases.SECONDS)
   result = summarize(

@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 
-import cpu_levers
 import mnist_benchmark
 import pytest
 
@@ -59,11 +58,11 @@ def test_tiny_run_prints_json_and_fails_on_low_accuracy(
           '--config.train_split=train[:256]',
           '--config.test_split=test[:100]',
           f'--reference={loop == "reference"}',
+          '--config.matmul_precision=bfloat16',  # On any CPU.
       ],
       capture_output=True,
       text=True,
       cwd=ROOT,
-      env={**os.environ, cpu_levers.BF16_ENV: '1'},  # On any CPU.
       timeout=600,
   )
   report = json.loads(result.stdout.strip().splitlines()[-1])
@@ -86,7 +85,7 @@ def test_tiny_run_prints_json_and_fails_on_low_accuracy(
       report['matmul_precision']
       == {
           'ours': 'bfloat16 operands, float32 accumulation '
-          '(matmul_precision=auto; $MNIST_CPU_BF16=1)',
+          '(matmul_precision=bfloat16)',
           'reference': "JAX's default (the Flax example's loop: no CPU levers)",
       }[loop]
   )

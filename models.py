@@ -3,36 +3,40 @@
 import functools
 
 from flax import nnx
-import jax
 from serving_signatures import NUM_CLASSES
 
 
 class CNN(nnx.Module):
-  """A simple CNN: two conv/BatchNorm/ReLU/avg-pool blocks, then two dense layers.
+  """A simple CNN model: the Flax example's, layer for layer.
 
-  Layer for layer the `CNN` of the Flax MNIST example: 824,650 parameters
-  (`nnx.Param`), plus 192 BatchNorm running statistics. The dropout layers
-  hold their own random stream, so a checkpoint of the model resumes it.
+  824,650 parameters. Its dropout layers hold their own random streams, so a
+  checkpoint of the model resumes them; `rngs` at the call, as the example
+  passes it, draws from that instead. `layers` gives Conv, Linear and
+  Dropout: `flax.nnx` itself, or the same layers with faster kernels
+  (cpu/layers.py); the parameters and their names do not depend on it.
   """
 
-  def __init__(self, *, dropout_rate: float, rngs: nnx.Rngs):
-    self.conv1 = nnx.Conv(1, 32, kernel_size=(3, 3), rngs=rngs)
+  def __init__(
+      self, rngs: nnx.Rngs, *, dropout_rate: float = 0.025, layers=nnx
+  ):
+    self.conv1 = layers.Conv(1, 32, kernel_size=(3, 3), rngs=rngs)
     self.batch_norm1 = nnx.BatchNorm(32, rngs=rngs)
-    self.dropout1 = nnx.Dropout(rate=dropout_rate, rngs=rngs)
-    self.conv2 = nnx.Conv(32, 64, kernel_size=(3, 3), rngs=rngs)
+    self.dropout1 = layers.Dropout(rate=dropout_rate, rngs=rngs)
+    self.conv2 = layers.Conv(32, 64, kernel_size=(3, 3), rngs=rngs)
     self.batch_norm2 = nnx.BatchNorm(64, rngs=rngs)
     self.avg_pool = functools.partial(
         nnx.avg_pool, window_shape=(2, 2), strides=(2, 2)
     )
-    self.linear1 = nnx.Linear(3136, 256, rngs=rngs)
-    self.dropout2 = nnx.Dropout(rate=dropout_rate, rngs=rngs)
-    self.linear2 = nnx.Linear(256, NUM_CLASSES, rngs=rngs)
+    self.linear1 = layers.Linear(3136, 256, rngs=rngs)
+    self.dropout2 = layers.Dropout(rate=dropout_rate, rngs=rngs)
+    self.linear2 = layers.Linear(256, NUM_CLASSES, rngs=rngs)
 
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """Maps images `(B, 28, 28, 1)` in [0, 1] to logits `(B, 10)`."""
-    x = self.avg_pool(nnx.relu(self.batch_norm1(self.dropout1(self.conv1(x)))))
+  def __call__(self, x, rngs: nnx.Rngs | None = None):
+    x = self.avg_pool(
+        nnx.relu(self.batch_norm1(self.dropout1(self.conv1(x), rngs=rngs)))
+    )
     x = self.avg_pool(nnx.relu(self.batch_norm2(self.conv2(x))))
     x = x.reshape(x.shape[0], -1)  # flatten
-    x = nnx.relu(self.dropout2(self.linear1(x)))
+    x = nnx.relu(self.dropout2(self.linear1(x), rngs=rngs))
     x = self.linear2(x)
     return x

@@ -113,17 +113,17 @@ DROPOUT_MASKS = """
 import jax, numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
-import cpu_levers, parallel, train
+import parallel, train
 from configs import default
+from cpu import layers
 config = default.get_config()
 whole = np.ones((64, 28, 28, 32), np.float32)
 split = NamedSharding(parallel.create_mesh(), PartitionSpec(parallel.AXIS))
 outputs = []
 for batch in (whole, jax.device_put(whole, split)):
-  model = train.create_model(config)
+  model = train.create_model(config, layers.for_config(config, 'cpu'))
   model.train()
-  with cpu_levers.applied(config, model, platform='cpu'):
-    outputs.append(np.asarray(nnx.jit(lambda m, b: m.dropout1(b))(model, batch)))
+  outputs.append(np.asarray(nnx.jit(lambda m, b: m.dropout1(b))(model, batch)))
 print(int((outputs[0] != outputs[1]).sum()), float((outputs[0] == 0).mean()))
 """
 
@@ -156,21 +156,21 @@ jax.distributed.initialize(f'127.0.0.1:{sys.argv[2]}', 2, int(sys.argv[3]))
 from flax import nnx
 import ml_collections
 import numpy as np
-import cpu_levers, input_pipeline, parallel, train
+import input_pipeline, parallel, train
+from cpu import layers
 config = ml_collections.ConfigDict(json.loads(sys.argv[1]))
 mesh = parallel.create_mesh()
 data, _ = input_pipeline.load(config)
 order = input_pipeline.epoch_order(config.seed, 1, len(data['label']), 64)[:4]
-model = train.create_model(config)
+model = train.create_model(config, layers.for_config(config))
 optimizer = train.create_optimizer(model, config, 4)
 metrics = train.create_metrics()
 objects = (model, optimizer, metrics)
 nnx.update(objects, parallel.replicate(nnx.state(objects), mesh))
-with cpu_levers.applied(config, model):
-  train.train_epoch(
-      model, optimizer, metrics, data=data, order=order, mesh=mesh,
-      steps_per_call=2,
-  )
+train.train_epoch(
+    model, optimizer, metrics, data=data, order=order, mesh=mesh,
+    steps_per_call=2,
+)
 params = parallel.local_copy(nnx.state(model, nnx.Param))
 print(json.dumps({
     'processes': jax.process_count(), 'devices': jax.device_count(),

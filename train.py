@@ -13,7 +13,7 @@ import functools
 
 from absl import logging
 import checkpoints
-import cpu_levers
+from cpu import layers as cpu_layers
 import errors
 from flax import nnx
 import input_pipeline
@@ -48,10 +48,14 @@ class NonFiniteLoss(Exception):
     self.step, self.loss = step, loss
 
 
-def create_model(config: ml_collections.ConfigDict) -> models.CNN:
-  """The CNN, initialised from `config.seed` (also its dropout stream)."""
+def create_model(config: ml_collections.ConfigDict, layers=nnx) -> models.CNN:
+  """The CNN, initialised from `config.seed`, as are its dropout streams.
+
+  `layers`: `flax.nnx`, or the faster layers of a platform
+  (`cpu_layers.for_config`).
+  """
   return models.CNN(
-      dropout_rate=config.dropout_rate, rngs=nnx.Rngs(config.seed)
+      nnx.Rngs(config.seed), dropout_rate=config.dropout_rate, layers=layers
   )
 
 
@@ -123,7 +127,7 @@ def eval_step(model, metrics, batch) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=2)
-def _train_steps(graphdef, mesh, state, batches):
+def train_steps(graphdef, mesh, state, batches):
   """`train_step` on each of `batches` (`(steps, batch, ...)`), in a `lax.scan`.
 
   One call runs many steps: a jitted pure function of the split state costs
@@ -143,7 +147,7 @@ def _train_steps(graphdef, mesh, state, batches):
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _eval_batches(graphdef, state, batches):
+def eval_steps(graphdef, state, batches):
   """`eval_step` on each of `batches` (arrays `(num_batches, batch, ...)`).
 
   Returns the new state and the predicted labels, `(num_batches, batch)`.
@@ -201,7 +205,7 @@ def train_epoch(
       batches = parallel.global_batches(
           mesh, {k: v[chunk] for k, v in data.items()}
       )
-      state, losses = _train_steps(graphdef, mesh, state, batches)
+      state, losses = train_steps(graphdef, mesh, state, batches)
       bad = np.flatnonzero(~np.isfinite(losses))
       if bad.size:
         raise NonFiniteLoss(step + done + int(bad[0]), float(losses[bad[0]]))
@@ -226,7 +230,7 @@ def evaluate_and_predict(
   model.eval()
   metrics.reset()
   graphdef, state = nnx.split((model, metrics))
-  state, predicted = _eval_batches(graphdef, state, batches)
+  state, predicted = eval_steps(graphdef, state, batches)
   nnx.update((model, metrics), state)
   predicted, mask = multihost_utils.process_allgather(
       (predicted, batches['mask']), tiled=True
@@ -303,7 +307,8 @@ def train_and_evaluate(
   steps_per_epoch = input_pipeline.steps_per_epoch(config, train_data)
   test_batches = _test_batches(config, mesh, test_data)
 
-  model = create_model(config)
+  logging.info('Matmul precision: %s.', cpu_layers.matmul_precision(config))
+  model = create_model(config, cpu_layers.for_config(config))
   optimizer = create_optimizer(model, config, steps_per_epoch)
   metrics = create_metrics()
   objects = (model, optimizer, metrics)
@@ -316,54 +321,55 @@ def train_and_evaluate(
   )
   rate = learning_rate(config, steps_per_epoch)
 
-  with cpu_levers.applied(config, model):
-    for epoch in range(step // steps_per_epoch + 1, config.num_epochs + 1):
-      on_steps.start(epoch, step)
-      with _nan_as_error(config, saved, steps_per_epoch):
-        step = train_epoch(
-            *objects,
-            data=train_data,
-            order=input_pipeline.epoch_rest(
-                config, step, steps_per_epoch, train_data
-            ),
-            mesh=mesh,
-            steps_per_call=config.steps_per_call,
-            step=step,
-            on_steps=on_steps,
-            stop=stop,
-        )
-      on_steps.end()
-      if step < epoch * steps_per_epoch:  # Stopped within the epoch.
-        raise _stopped(saved, save(step, summary))
-      summary = {f'train_{k}': v for k, v in compute_metrics(metrics).items()}
-      test, predicted = evaluate_and_predict(model, metrics, test_batches)
-      summary.update({f'test_{k}': v for k, v in test.items()})
-      logging.info('%s', format_epoch(epoch, summary))
-      scalars = {**summary, 'train_images_per_sec': on_steps.images_per_sec}
-      last = epoch == config.num_epochs
-      summaries.write_epoch(
-          writer, epoch, scalars, test_data, predicted, rate, step, last
+  for epoch in range(step // steps_per_epoch + 1, config.num_epochs + 1):
+    on_steps.start(epoch, step)
+    with _nan_as_error(config, saved, steps_per_epoch):
+      step = train_epoch(
+          *objects,
+          data=train_data,
+          order=input_pipeline.epoch_rest(
+              config, step, steps_per_epoch, train_data
+          ),
+          mesh=mesh,
+          steps_per_call=config.steps_per_call,
+          step=step,
+          on_steps=on_steps,
+          stop=stop,
       )
-      if parallel.any_process(stop()) and not last:
-        raise _stopped(saved, save(step, summary))
-      if last or epoch % config.checkpoint_every_epochs == 0:
-        save(step, summary)
+    on_steps.end()
+    if step < epoch * steps_per_epoch:  # Stopped within the epoch.
+      raise _stopped(saved, save(step, summary))
+    summary = {f'train_{k}': v for k, v in compute_metrics(metrics).items()}
+    test, predicted = evaluate_and_predict(model, metrics, test_batches)
+    summary.update({f'test_{k}': v for k, v in test.items()})
+    logging.info('%s', format_epoch(epoch, summary))
+    scalars = {**summary, 'train_images_per_sec': on_steps.images_per_sec}
+    last = epoch == config.num_epochs
+    summaries.write_epoch(
+        writer, epoch, scalars, test_data, predicted, rate, step, last
+    )
+    if parallel.any_process(stop()) and not last:
+      raise _stopped(saved, save(step, summary))
+    if last or epoch % config.checkpoint_every_epochs == 0:
+      save(step, summary)
   if jax.process_index() == 0:
     _export(model, config, workdir)
   return summary
 
 
 def _export(model: models.CNN, config, workdir: str) -> str:
-  """Exports `model` as the next version of `config.export_model_name`.
+  """Exports `model`'s state, in the stock model, as the next version.
 
-  export.py imports TensorFlow and jax2tf, seconds of imports: here, when a
-  run exports, not with this module.
+  The stock model computes in float32 with Flax's own kernels, on every
+  platform the SavedModel runs on. export.py imports TensorFlow and jax2tf,
+  seconds of imports: here, when a run exports, not with this module.
   """
   import export  # pylint: disable=g-import-not-at-top
 
-  nnx.update(model, parallel.local_copy(nnx.state(model)))
+  stock = create_model(config)
+  nnx.update(stock, parallel.local_copy(nnx.state(model)))
   path = export.export_saved_model(
-      model, workdirs.export_dir(workdir, config.export_model_name)
+      stock, workdirs.export_dir(workdir, config.export_model_name)
   )
   logging.info('Exported the SavedModel to %s', path)
   return path

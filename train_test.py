@@ -4,7 +4,7 @@ import logging
 import os
 
 import checkpoints
-import cpu_levers
+from cpu import layers as cpu_layers
 from flax import nnx
 import input_pipeline
 import jax
@@ -55,21 +55,19 @@ def test_fast_steps_match_the_flax_examples_steps(small_config):
       expected_metrics,
       ({k: v[i] for k, v in data.items()} for i in order),
   )
-  model = train.create_model(config)
+  model = train.create_model(config, cpu_layers.for_config(config))
   optimizer = train.create_optimizer(model, config, len(order))
   metrics = train.create_metrics()
   # Two dispatches of three scanned steps each, with the CPU levers.
-  with cpu_levers.applied(config, model):
-    config.steps_per_call = 3
-    train.train_epoch(
-        model,
-        optimizer,
-        metrics,
-        data=data,
-        order=order,
-        mesh=parallel.create_mesh(),
-        steps_per_call=config.steps_per_call,
-    )
+  train.train_epoch(
+      model,
+      optimizer,
+      metrics,
+      data=data,
+      order=order,
+      mesh=parallel.create_mesh(),
+      steps_per_call=3,
+  )
   got, want = nnx.state(model), nnx.state(expected)
   for (path, a), (_, b) in zip(
       jax.tree_util.tree_leaves_with_path(got),

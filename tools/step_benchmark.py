@@ -24,7 +24,6 @@ if __name__ == '__main__':  # Before the modules below import TensorFlow.
   tensorflow_startup.quiet(sys.argv)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import contextlib
 import json
 import os
 import statistics
@@ -35,8 +34,7 @@ import typing
 from absl import app
 from absl import flags
 from configs import default
-import cpu_levers
-import cpu_matmuls
+from cpu import layers as cpu_layers
 from flax import nnx
 import jax
 import numpy as np
@@ -67,20 +65,18 @@ class Variant(typing.NamedTuple):
   """What a variant turns on, from the Flax example's loop up."""
 
   scan: bool = False  # Steps in a lax.scan, batches gathered on the host.
-  conv_same: bool = False  # cpu_matmuls.conv_gradients.
-  unrolled: bool = False  # cpu_levers.unrolled_threefry.
+  levers: bool = False  # The layers of cpu/layers.py (config.cpu_levers).
+  precision: str = 'float32'  # config.matmul_precision.
+  narrow: bool = False  # config.narrow_dropout_bits.
   dropout: float = 0.025  # The dropout rate.
-  bf16: bool = False  # cpu_matmuls.bf16_layers.
-  narrow: bool = False  # cpu_levers.narrow_dropout.
 
 
-_OURS_FLOAT32 = Variant(scan=True, conv_same=True, unrolled=True)
-_OURS = _OURS_FLOAT32._replace(bf16=True, narrow=True)
+_OURS_FLOAT32 = Variant(scan=True, levers=True)
+_OURS = _OURS_FLOAT32._replace(precision='bfloat16', narrow=True)
 # The first is the Flax example's loop.
 VARIANTS = {
     'example: nnx.jit per step': Variant(),
-    '+ conv_same gradients': Variant(conv_same=True),
-    '+ unrolled threefry': Variant(conv_same=True, unrolled=True),
+    '+ convolutions trained as matmuls': Variant(levers=True),
     '+ lax.scan over host-gathered batches': _OURS_FLOAT32,
     '+ narrow dropout bits': _OURS_FLOAT32._replace(narrow=True),
     '+ bf16 matmuls (ours, where bf16 is native)': _OURS,
@@ -101,29 +97,23 @@ def _time_variant(name: str, steps: int) -> float:
   bf16 matmuls are timed whether or not this CPU multiplies bf16 natively
   (`main` prints which).
   """
-  scan, conv_same, unrolled, dropout, bf16, narrow = {**VARIANTS, **LEVERS}[
-      name
-  ]
+  variant = {**VARIANTS, **LEVERS}[name]
   config = default.get_config()
-  config.dropout_rate = dropout
+  config.update(
+      dropout_rate=variant.dropout,
+      cpu_levers=variant.levers,
+      matmul_precision=variant.precision,
+      narrow_dropout_bits=variant.narrow,
+  )
   rng = np.random.default_rng(0)
   n = (steps + 8) * config.batch_size
   images = rng.integers(0, 256, (n, 28, 28, 1), dtype=np.uint8)
   labels = rng.integers(0, 10, n).astype(np.int32)
   order = rng.permutation(n).reshape(-1, config.batch_size).astype(np.int32)
-  model = train.create_model(config)
+  model = train.create_model(config, cpu_layers.for_config(config, 'cpu'))
   optimizer = train.create_optimizer(model, config, len(order))
   metrics = train.create_metrics()
-  levers = contextlib.ExitStack()
-  if conv_same:
-    levers.enter_context(cpu_matmuls.conv_gradients(model))
-  if unrolled:
-    levers.enter_context(cpu_levers.unrolled_threefry())
-  if bf16:
-    levers.enter_context(cpu_matmuls.bf16_layers(model))
-  if narrow:
-    levers.enter_context(cpu_levers.narrow_dropout(model))
-  if scan:
+  if variant.scan:
     mesh = parallel.create_mesh()
     # Sharded as train_and_evaluate shards it: the state that each call
     # returns then matches what the next call was compiled for.
@@ -132,7 +122,6 @@ def _time_variant(name: str, steps: int) -> float:
     data = {'image': images, 'label': labels}
 
     def run(o):  # One dispatch of all of `o`.
-      config.steps_per_call = len(o)
       train.train_epoch(
           model,
           optimizer,
@@ -140,7 +129,7 @@ def _time_variant(name: str, steps: int) -> float:
           data=data,
           order=o,
           mesh=mesh,
-          steps_per_call=config.steps_per_call,
+          steps_per_call=len(o),
       )
 
   else:
@@ -154,14 +143,13 @@ def _time_variant(name: str, steps: int) -> float:
       )
 
   warmup, timed = order[:8], order[8:]
-  with levers:
-    if scan:  # One dispatch of all timed steps: compile that shape first.
-      run(timed)
-    run(warmup)
-    jax.block_until_ready(nnx.state(model))
-    start = time.perf_counter()
+  if variant.scan:  # One dispatch of all timed steps: compile that shape first.
     run(timed)
-    jax.block_until_ready(nnx.state(model))
+  run(warmup)
+  jax.block_until_ready(nnx.state(model))
+  start = time.perf_counter()
+  run(timed)
+  jax.block_until_ready(nnx.state(model))
   return (time.perf_counter() - start) * 1000 / len(timed)
 
 
@@ -172,7 +160,7 @@ def main(argv):
     return
   variants = VARIANTS if FLAGS.variants == 'all' else LEVERS
   pinned = ['taskset', '-c', FLAGS.taskset] if FLAGS.taskset else []
-  native, why = cpu_levers.native_bf16()
+  native, why = cpu_layers.bf16_matmuls(default.get_config(), 'cpu')
   print(
       f'CPUs: {FLAGS.taskset or "all"}; bf16 matmuls native: {native} ({why});'
       f' jax {jax.__version__}'

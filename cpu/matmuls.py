@@ -1,0 +1,256 @@
+"""Convolutions trained as matmuls (im2col), and bf16 matmuls, for the CPU.
+
+Flax's layers take their kernels as construction arguments: `nnx.Conv`'s
+`conv_general_dilated`, `nnx.Linear`'s `dot_general`. These are kernels for
+them (cpu/layers.py picks them). XLA's CPU backend runs the transposed
+convolutions of a convolution's gradients slowly, above all inside
+`lax.scan` where training runs; as matmuls, the same sums run fast. On CPUs
+that multiply bf16 natively (AMX, avx512_bf16), bf16 operands with float32
+results, forward and backward, as a TPU's default precision. A convolution
+or product that these do not cover (strides, dilations, groups, other
+paddings or layouts) is computed by `lax`, as stock Flax computes it.
+"""
+
+import itertools
+import math
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+_NHWC = ('NHWC', 'HWIO', 'NHWC')
+
+# The convolutions trained as matmuls.
+
+
+def _conv(x, kernel):
+  """Stride-1 'SAME' convolution, NHWC images and HWIO kernel."""
+  return lax.conv_general_dilated(
+      x, kernel, (1, 1), 'SAME', dimension_numbers=_NHWC
+  )
+
+
+def _shifted(x, kh: int, kw: int) -> list[jax.Array]:
+  """The `kh * kw` windows of zero-padded `x` that a 'SAME' kernel tap reads."""
+  h, w = x.shape[1:3]
+  padded = jnp.pad(x, ((0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2), (0, 0)))
+  return [padded[:, i : i + h, j : j + w] for i in range(kh) for j in range(kw)]
+
+
+def _patches(x, kh: int, kw: int) -> jax.Array:
+  """im2col: `(B*H*W, kh*kw*C)`, the inputs of each output pixel in a row."""
+  return jnp.concatenate(_shifted(x, kh, kw), axis=-1).reshape(
+      -1, kh * kw * x.shape[-1]
+  )
+
+
+def _padded_rows(g, kh: int, kw: int) -> jax.Array:
+  """`g`'s pixels as rows, with the zero border that `_shifted` pads inputs."""
+  pad = ((0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2), (0, 0))
+  return jnp.pad(g, pad).reshape(-1, g.shape[-1])
+
+
+def _col2im(patch_grads, shape, kh: int, kw: int) -> jax.Array:
+  """The transpose of `_patches`: each tap's part added back where it read.
+
+  `patch_grads` has a row for each pixel of the output gradient padded by
+  `_padded_rows`: each tap's window is then a slice of it, summed in one
+  pass (padding the 64-channel gradient spares padding the 288-wide result).
+  """
+  b, h, w, c = shape
+  taps = patch_grads.reshape(b, h + kh - 1, w + kw - 1, kh * kw, c)
+  windows = [
+      taps[:, kh - 1 - i : kh - 1 - i + h, kw - 1 - j : kw - 1 - j + w, t]
+      for t, (i, j) in enumerate(itertools.product(range(kh), range(kw)))
+  ]
+  return sum(windows[1:], windows[0])
+
+
+@jax.custom_vjp
+def conv_same(x, kernel):
+  """`_conv`, its gradients as matmuls: the patches times the output gradient.
+
+  Forward, the patches times the kernel (XLA's own convolution for one input
+  channel: nine taps, not a matmul); where no gradient is taken, as in
+  evaluation, `lax.conv_general_dilated` computes it.
+  """
+  return _conv(x, kernel)
+
+
+def _conv_same_fwd(x, kernel):
+  kh, kw, cin, cout = kernel.shape
+  patches = _patches(x, kh, kw)
+  if cin == 1:
+    return _conv(x, kernel), (patches, kernel)
+  y = patches @ kernel.reshape(-1, cout)
+  return y.reshape(*x.shape[:3], cout), (patches, kernel)
+
+
+def _conv_same_bwd(residuals, g):
+  patches, kernel = residuals
+  kh, kw, cin, cout = kernel.shape
+  dkernel = (patches.T @ g.reshape(-1, cout)).reshape(kernel.shape)
+  dpatches = _padded_rows(g, kh, kw) @ kernel.reshape(-1, cout).T
+  return _col2im(dpatches, (*g.shape[:3], cin), kh, kw), dkernel
+
+
+conv_same.defvjp(_conv_same_fwd, _conv_same_bwd)
+
+# bf16 operands, float32 results. XLA gives YNNPACK's bf16 kernels only dots
+# with a float32 result whose left operand is contracted on its last axis
+# and right one on its first (xla/backends/cpu/ynn_support.cc); it converts
+# the others' operands to float32. So a transposed operand is a copy XLA
+# does not fold into the dot (`_transposed`), or built so.
+
+
+def _dot(a, b) -> jax.Array:
+  """`a @ b` of bf16 operands, its result float32: YNNPACK's bf16 dot."""
+  return jnp.dot(a, b, preferred_element_type=jnp.float32)
+
+
+def _transposed(a) -> jax.Array:
+  """`a.T` laid out as a copy (a plain `.T` is folded into the dot)."""
+  n, k = a.shape
+  rows = math.gcd(n, 16)  # Rows moved 16 at a time: the fastest tried.
+  return a.reshape(n // rows, rows, k).transpose(2, 0, 1).reshape(k, n)
+
+
+@jax.custom_vjp
+def matmul_bf16(a, b):
+  """`a @ b` of float32 matrices from their bf16 roundings, a float32 result.
+
+  Its gradients too are bf16 products (plain `jax.grad` of a bf16 dot keeps
+  only the forward product in bf16).
+  """
+  return _matmul_bf16_fwd(a, b)[0]
+
+
+def _matmul_bf16_fwd(a, b):
+  a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+  return _dot(a, b), (a, b)
+
+
+def _matmul_bf16_bwd(residuals, g):
+  a, b = residuals
+  g = g.astype(jnp.bfloat16)
+  return _dot(g, _transposed(b)), _dot(_transposed(a), g)
+
+
+matmul_bf16.defvjp(_matmul_bf16_fwd, _matmul_bf16_bwd)
+
+
+def _bf16_patches(x, kh: int, kw: int) -> jax.Array:
+  """`_patches` of `x` rounded to bf16, moved as bits.
+
+  XLA's CPU backend moves bf16 through float32; uint16 bits it moves as they
+  are, and pairs of channels as uint32 words faster still.
+  """
+  b, h, w, c = x.shape
+  if c % 2:
+    bits = lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
+    return lax.bitcast_convert_type(_patches(bits, kh, kw), jnp.bfloat16)
+  pairs = x.astype(jnp.bfloat16).reshape(b, h, w, c // 2, 2)
+  patches = _patches(lax.bitcast_convert_type(pairs, jnp.uint32), kh, kw)
+  return lax.bitcast_convert_type(patches, jnp.bfloat16).reshape(
+      -1, kh * kw * c
+  )
+
+
+def _bf16_kernel_gradient(x, g, kh: int, kw: int) -> jax.Array:
+  """`_bf16_patches(x).T @ g`, `g` bf16: a convolution's kernel gradient.
+
+  The transposed patches are built as windows of `x` transposed to (C, H, W,
+  B), pairs of images as uint32 words, not as a transposed copy of the
+  patches, which XLA's CPU backend moves slowly.
+  """
+  b, h, w, c = x.shape
+  if b % 2:  # Pairs of images: one more, of zeros, adds nothing.
+    x, g = (jnp.pad(a, ((0, 1), (0, 0), (0, 0), (0, 0))) for a in (x, g))
+    b += 1
+  bits = lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
+  pairs = bits.transpose(3, 1, 2, 0).reshape(c, h, w, b // 2, 2)
+  windows = jnp.concatenate(
+      _shifted(lax.bitcast_convert_type(pairs, jnp.uint32), kh, kw), axis=0
+  )
+  patches_t = lax.bitcast_convert_type(
+      lax.bitcast_convert_type(windows, jnp.uint16).reshape(
+          kh * kw * c, h * w * b
+      ),
+      jnp.bfloat16,
+  )
+  return _dot(patches_t, g.transpose(1, 2, 0, 3).reshape(-1, g.shape[-1]))
+
+
+@jax.custom_vjp
+def conv_same_bf16(x, kernel):
+  """`conv_same` as bf16 matmuls with float32 results, in evaluation too."""
+  return _conv_same_bf16_fwd(x, kernel)[0]
+
+
+def _conv_same_bf16_fwd(x, kernel):
+  kh, kw, _, cout = kernel.shape
+  matrix = kernel.reshape(-1, cout).astype(jnp.bfloat16)
+  y = _dot(_bf16_patches(x, kh, kw), matrix)
+  return y.reshape(*x.shape[:3], cout), (x, kernel)
+
+
+def _conv_same_bf16_bwd(residuals, g):
+  x, kernel = residuals
+  kh, kw, _, cout = kernel.shape
+  g = g.astype(jnp.bfloat16)
+  matrix = kernel.reshape(-1, cout).astype(jnp.bfloat16)
+  dpatches = _dot(_padded_rows(g, kh, kw), _transposed(matrix))
+  dkernel = _bf16_kernel_gradient(x, g, kh, kw).reshape(kernel.shape)
+  return _col2im(dpatches, x.shape, kh, kw), dkernel
+
+
+conv_same_bf16.defvjp(_conv_same_bf16_fwd, _conv_same_bf16_bwd)
+
+# The kernels that Flax's layers take, falling back to `lax` beyond them.
+
+
+def _covered(lhs, rhs, window_strides, padding, **kwargs) -> bool:
+  """Whether `conv_same` computes this `lax.conv_general_dilated` call."""
+  ones = (None, (1, 1))
+  return (
+      lhs.ndim == 4
+      and tuple(window_strides) == (1, 1)
+      and padding == 'SAME'
+      and kwargs.get('lhs_dilation') in ones
+      and kwargs.get('rhs_dilation') in ones
+      and kwargs.get('feature_group_count', 1) == 1
+      and kwargs.get('precision') is None
+      and kwargs.get('preferred_element_type') is None
+      and kwargs.get('out_sharding') is None
+      and kwargs.get('dimension_numbers')
+      == lax.conv_dimension_numbers(lhs.shape, rhs.shape, _NHWC)
+      and rhs.shape[0] % 2 == rhs.shape[1] % 2 == 1
+  )
+
+
+def conv_general_dilated(lhs, rhs, *args, **kwargs):
+  """`lax.conv_general_dilated` for `nnx.Conv`, trained as matmuls."""
+  if _covered(lhs, rhs, *args, **kwargs):
+    return conv_same(lhs, rhs)
+  return lax.conv_general_dilated(lhs, rhs, *args, **kwargs)
+
+
+def conv_general_dilated_bf16(lhs, rhs, *args, **kwargs):
+  """`conv_general_dilated` in bf16 matmuls, but for one input channel."""
+  if _covered(lhs, rhs, *args, **kwargs) and rhs.shape[2] > 1:
+    return conv_same_bf16(lhs, rhs)
+  return conv_general_dilated(lhs, rhs, *args, **kwargs)
+
+
+def dot_general_bf16(lhs, rhs, dimension_numbers, precision=None, **kwargs):
+  """`lax.dot_general` for `nnx.Linear`, in bf16: inputs times a kernel."""
+  if (
+      rhs.ndim == 2
+      and dimension_numbers == (((lhs.ndim - 1,), (0,)), ((), ()))
+      and precision is None
+      and kwargs.get('preferred_element_type') in (None, jnp.float32)
+      and kwargs.get('out_sharding') is None
+  ):
+    y = matmul_bf16(lhs.reshape(-1, lhs.shape[-1]), rhs)
+    return y.reshape(*lhs.shape[:-1], rhs.shape[1])
+  return lax.dot_general(lhs, rhs, dimension_numbers, precision, **kwargs)
