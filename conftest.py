@@ -26,19 +26,19 @@ os.environ.setdefault(
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 # TensorFlow as the entry points run it, without its start-up lines. The
 # tests of those lines run their processes without these variables.
-import tensorflow_startup  # pylint: disable=g-import-not-at-top
+from run import tensorflow_startup  # pylint: disable=g-import-not-at-top
 
 tensorflow_startup.quiet([])
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from cpu import layers as cpu_layers
-import data_sources
-import export
+from data import sources
+from serving import export
 import filelock
 from flax import nnx
 import input_pipeline
 import numpy as np
-import parallel
+from run import parallel
 from PIL import Image
 import pytest
 import tensorflow_datasets as tfds
@@ -58,11 +58,11 @@ def mnist_files(tmp_path_factory) -> str:
   The parallel workers of pytest-xdist download them once: the lock, in the
   folder above the session's, makes the others wait for the first.
   """
-  named = os.environ.get(data_sources.MANUAL_DIR_ENV)
+  named = os.environ.get(sources.MANUAL_DIR_ENV)
   directory = named or SHARED_MNIST
   missing = [
       name + '.gz'
-      for names in data_sources.IDX_FILES.values()
+      for names in sources.IDX_FILES.values()
       for name in names
       if not os.path.isfile(os.path.join(directory, name + '.gz'))
   ]
@@ -70,7 +70,7 @@ def mnist_files(tmp_path_factory) -> str:
     return directory
   if named:  # CI names its copy: it never downloads.
     pytest.fail(
-        f'no MNIST files in ${data_sources.MANUAL_DIR_ENV}={named} (missing '
+        f'no MNIST files in ${sources.MANUAL_DIR_ENV}={named} (missing '
         f'{", ".join(missing)})',
         pytrace=False,
     )
@@ -80,7 +80,7 @@ def mnist_files(tmp_path_factory) -> str:
       return input_pipeline.download_files(
           tfds.builder('mnist'), default.get_config()
       )
-  except data_sources.DataError as e:
+  except sources.DataError as e:
     error = e  # Failed outside the handler: no chained traceback.
   pytest.fail(f'no MNIST files in {directory}, and {error}', pytrace=False)
 
@@ -125,10 +125,8 @@ def small_files(mnist_files, tmp_path) -> str:
   directory = tmp_path / 'small'
   directory.mkdir()
   for split, size in (('train', 300), ('test', 100)):
-    for name, ndim in zip(data_sources.IDX_FILES[split], (3, 1)):
-      full = data_sources.read_idx(
-          os.path.join(mnist_files, name + '.gz'), ndim
-      )
+    for name, ndim in zip(sources.IDX_FILES[split], (3, 1)):
+      full = sources.read_idx(os.path.join(mnist_files, name + '.gz'), ndim)
       _write_idx(directory / (name + '.gz'), full[:size])
   return str(directory)
 

@@ -1,7 +1,7 @@
 """MNIST input pipeline: every source of the data converges to the same arrays.
 
 `load(config)` reads the training and test splits of `config.dataset` from
-`config.data_source` and returns each whole, as `data_sources.Arrays`: uint8
+`config.data_source` and returns each whole, as `sources.Arrays`: uint8
 images `(N, 28, 28, 1)` and int32 labels, so the training loop never depends
 on where the data came from. The pixels stay uint8 (a quarter of float32's
 memory) until `normalize` makes them floats in [0, 1], inside the jitted step.
@@ -9,7 +9,7 @@ memory) until `normalize` makes them floats in [0, 1], inside the jitted step.
 The default source, TFDS, is here: TFDS prepares the data set once in its
 `data_dir`, from the four original `*-ubyte.gz` files of a manual directory
 or of a download (download.py), checking them against the checksums it
-registers. The other sources (idx, hf, torchvision) are in data_sources.py.
+registers. The other sources (idx, hf, torchvision) are in sources.py.
 Then: the splits' syntax, each process's share, epoch orders and evaluation
 batches.
 """
@@ -20,14 +20,14 @@ import tempfile
 import zlib
 
 from absl import logging
-import data_sources
-import download
+from data import sources
+from data import download
 import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
-import phases
+from run import phases
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.download import download_manager
 
@@ -66,7 +66,7 @@ def _is_prepared(builder) -> bool:
 
 def manual_dir(config: ml_collections.ConfigDict, builder) -> tuple[str, bool]:
   """Returns TFDS' manual directory and whether the user named it."""
-  named = data_sources.named_manual_dir(config)
+  named = sources.named_manual_dir(config)
   if named:
     return named, True
   return os.path.join(builder.data_dir_root, 'downloads', 'manual'), False
@@ -89,10 +89,10 @@ def _prepare(builder, config: ml_collections.ConfigDict) -> None:
       f for f in expected if not os.path.isfile(os.path.join(directory, f))
   ]
   if missing:
-    raise data_sources.DataError(
+    raise sources.DataError(
         f'{directory}: missing {", ".join(missing)} ({config.dataset} needs '
         f'{", ".join(expected)}; set config.manual_dir or '
-        f'${data_sources.MANUAL_DIR_ENV})'
+        f'${sources.MANUAL_DIR_ENV})'
     )
   try:
     # From the files alone: no look for a prepared copy on GCS either.
@@ -103,7 +103,7 @@ def _prepare(builder, config: ml_collections.ConfigDict) -> None:
     )
   except download_manager.NonMatchingChecksumError as e:
     bad = [f for f in expected if f in str(e)] or ['a file']
-    raise data_sources.DataError(
+    raise sources.DataError(
         f'{directory}: {bad[0]} does not match the size and SHA-256 that TFDS '
         f'registers for {config.dataset}: the file is corrupt, truncated or '
         'recompressed; replace it with the original, or read the files with '
@@ -127,11 +127,9 @@ def download_files(builder, config: ml_collections.ConfigDict) -> str:
     names = sorted(info.filename for info in builder.url_infos.values())
     where = os.path.dirname(min(builder.url_infos))
     named_by = 'config.manual_dir' + (
-        f' or ${data_sources.MANUAL_DIR_ENV}'
-        if config.dataset == 'mnist'
-        else ''
+        f' or ${sources.MANUAL_DIR_ENV}' if config.dataset == 'mnist' else ''
     )
-    raise data_sources.DataError(
+    raise sources.DataError(
         f'{e}; offline, put the four original files ({", ".join(names)}; '
         f'published at {where}/) in a directory and name it in {named_by} '
         "for TFDS to prepare, or read them from there with data_source='idx'"
@@ -144,9 +142,7 @@ def num_examples(builder, split: str) -> int:
   return builder.info.splits[split].num_examples
 
 
-def from_tfds(
-    config: ml_collections.ConfigDict, split: str
-) -> data_sources.Arrays:
+def from_tfds(config: ml_collections.ConfigDict, split: str) -> sources.Arrays:
   """`split` (any TFDS split or slice) from TFDS, prepared offline if need be.
 
   `batch_size=-1` reads the whole split as one batch of uint8 tensors: no
@@ -158,7 +154,7 @@ def from_tfds(
   if cached is not None:
     return cached
   data = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
-  arrays = data_sources.to_arrays(data['image'], data['label'])
+  arrays = sources.to_arrays(data['image'], data['label'])
   _cache_arrays(builder, split, arrays)
   return arrays
 
@@ -174,7 +170,7 @@ def _array_cache_path(builder, split) -> str:
   return os.path.join(builder.data_dir, 'arrays', f'{name}-{digest:08x}.npz')
 
 
-def _cached_arrays(builder, split) -> data_sources.Arrays | None:
+def _cached_arrays(builder, split) -> sources.Arrays | None:
   """The arrays saved by `_cache_arrays`, if they match TFDS' split sizes."""
   path = _array_cache_path(builder, split)
   if not os.path.isfile(path):
@@ -186,7 +182,7 @@ def _cached_arrays(builder, split) -> data_sources.Arrays | None:
   return arrays
 
 
-def _cache_arrays(builder, split, arrays: data_sources.Arrays) -> None:
+def _cache_arrays(builder, split, arrays: sources.Arrays) -> None:
   """Saves `arrays` for `_cached_arrays`, if TFDS' directory is local.
 
   Written whole or not at all (`download.whole_file`): a run stopped
@@ -207,9 +203,9 @@ def _cache_arrays(builder, split, arrays: data_sources.Arrays) -> None:
 # data_source: a function (config, split) -> Arrays.
 SOURCES = {
     'tfds': from_tfds,
-    'hf': data_sources.from_hf,
-    'torchvision': data_sources.from_torchvision,
-    'idx': data_sources.from_idx,
+    'hf': sources.from_hf,
+    'torchvision': sources.from_torchvision,
+    'idx': sources.from_idx,
 }
 
 
@@ -222,7 +218,7 @@ def _bound(bound: str | None, n: int) -> int | None:
 
 def split_arrays(
     config: ml_collections.ConfigDict, split: str
-) -> data_sources.Arrays:
+) -> sources.Arrays:
   """`split` of `config.dataset` from `config.data_source`.
 
   TFDS reads any TFDS split. The other sources read 'train' or 'test', or a
@@ -231,7 +227,7 @@ def split_arrays(
   """
   if config.data_source == 'tfds':
     return from_tfds(config, split)
-  name, start, stop = data_sources.SPLIT.fullmatch(split).groups()
+  name, start, stop = sources.SPLIT.fullmatch(split).groups()
   arrays = SOURCES[config.data_source](config, name)
   n = len(arrays['label'])
   # A copy, so that a small slice does not keep the whole split in memory.
@@ -242,7 +238,7 @@ def split_arrays(
 @phases.timed('data')
 def load(
     config: ml_collections.ConfigDict,
-) -> tuple[data_sources.Arrays, data_sources.Arrays]:
+) -> tuple[sources.Arrays, sources.Arrays]:
   """This process's share of the training split, and the whole test split.
 
   With several JAX processes (hosts), each trains on its own share of the
@@ -257,7 +253,7 @@ def load(
   return train, split_arrays(config, config.test_split)
 
 
-def _process_share(arrays: data_sources.Arrays) -> data_sources.Arrays:
+def _process_share(arrays: sources.Arrays) -> sources.Arrays:
   """This JAX process's contiguous share of `arrays`, as TFDS would split it."""
   share = len(arrays['label']) // jax.process_count()
   start = jax.process_index() * share
@@ -301,7 +297,7 @@ def steps_per_epoch(config: ml_collections.ConfigDict, train_data) -> int:
   shares = multihost_utils.process_allgather(np.int64(len(train_data['label'])))
   num_train = int(np.sum(shares))
   if config.batch_size > num_train:
-    raise data_sources.DataError(
+    raise sources.DataError(
         f'config.batch_size={config.batch_size} is larger than the {num_train} '
         f'examples of config.train_split={config.train_split!r}: use at most '
         f'{num_train}'
@@ -333,9 +329,7 @@ def epoch_rest(
   return order[done:steps]
 
 
-def eval_batches(
-    arrays: data_sources.Arrays, batch_size: int
-) -> data_sources.Arrays:
+def eval_batches(arrays: sources.Arrays, batch_size: int) -> sources.Arrays:
   """Every example once, in `(batches, batch_size, ...)` arrays with a 'mask'.
 
   The last batch is padded with zeros; the mask is False on the padding, so

@@ -9,7 +9,7 @@ import os
 import shutil
 
 from configs import default
-import data_sources
+from data import sources
 import input_pipeline
 import jax
 import numpy as np
@@ -130,9 +130,9 @@ def test_unwritable_array_cache_warns_and_loads(
 
 
 def test_manual_dir_comes_from_the_environment(monkeypatch, tmp_path):
-  monkeypatch.setenv(data_sources.MANUAL_DIR_ENV, str(tmp_path))
+  monkeypatch.setenv(sources.MANUAL_DIR_ENV, str(tmp_path))
   config = _config(data_dir=str(tmp_path / 'tfds'))
-  with pytest.raises(data_sources.DataError, match=str(tmp_path)):
+  with pytest.raises(sources.DataError, match=str(tmp_path)):
     input_pipeline.get_builder(config)
 
 
@@ -141,7 +141,7 @@ def test_missing_file_names_directory_and_file(copy_of_mnist_files, tmp_path):
   config = _config(
       data_dir=str(tmp_path / 'tfds'), manual_dir=copy_of_mnist_files
   )
-  with pytest.raises(data_sources.DataError) as error:
+  with pytest.raises(sources.DataError) as error:
     input_pipeline.get_builder(config)
   message = str(error.value)
   assert '\n' not in message
@@ -157,7 +157,7 @@ def test_corrupt_file_names_directory_and_file(copy_of_mnist_files, tmp_path):
   config = _config(
       data_dir=str(tmp_path / 'tfds'), manual_dir=copy_of_mnist_files
   )
-  with pytest.raises(data_sources.DataError) as error:
+  with pytest.raises(sources.DataError) as error:
     input_pipeline.get_builder(config)
   message = str(error.value)
   assert '\n' not in message

@@ -14,10 +14,10 @@ One run at a time per workdir: the second one started refuses with one line.
 import gc
 import sys
 
-import malloc_arenas
-import startup
-import stop_signals
-import tensorflow_startup
+from run import malloc_arenas
+from run import startup
+from run import stop_signals
+from run import tensorflow_startup
 
 if __name__ == '__main__':  # Before the imports below, which take seconds.
   startup.check_config(sys.argv)  # A bad --config is one line, at once.
@@ -40,13 +40,13 @@ from absl import flags
 from absl import logging
 import clu
 from clu import platform
-import config_fields
-import errors
+from run import config_fields
+from run import errors
 import jax
 from ml_collections import config_flags
 import orbax.checkpoint
 import train
-import workdirs
+from run import workdirs
 
 FLAGS = flags.FLAGS
 

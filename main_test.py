@@ -22,17 +22,17 @@ import time
 
 from absl import flags
 from configs import default
-import checkpoints
-import config_fields
+from run import checkpoints
+from run import config_fields
 import main
 import numpy as np
 import pytest
-import stop_signals
-import summaries
+from run import stop_signals
+from run import summaries
 import tensorflow as tf
 import tensorflow_datasets as tfds
 import train
-import workdirs
+from run import workdirs
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 TAGS = ('train_loss', 'train_accuracy', 'test_loss', 'test_accuracy')
@@ -937,7 +937,7 @@ def test_compiled_steps_are_kept_in_the_compilation_cache(
 CHANGED_MODEL = """
 import functools
 from flax import nnx
-from serving_signatures import NUM_CLASSES
+from serving.signatures import NUM_CLASSES
 
 
 class CNN(nnx.Module):

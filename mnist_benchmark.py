@@ -24,9 +24,9 @@ _START = time.perf_counter()  # Before the imports, which start-up counts.
 import gc
 import sys
 
-import malloc_arenas
-import startup
-import tensorflow_startup
+from run import malloc_arenas
+from run import startup
+from run import tensorflow_startup
 
 if __name__ == '__main__':  # Before the modules below import TensorFlow.
   startup.check_config(sys.argv)
@@ -44,8 +44,8 @@ from absl import flags
 from cpu import layers as cpu_layers
 import jax
 import main
-import phases
-import summaries
+from run import phases
+from run import summaries
 from tools import reference_loop
 
 FLAGS = flags.FLAGS

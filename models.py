@@ -3,7 +3,7 @@
 import functools
 
 from flax import nnx
-from serving_signatures import NUM_CLASSES
+from serving.signatures import NUM_CLASSES
 
 
 class CNN(nnx.Module):

@@ -8,7 +8,7 @@ are over the whole test split, as logged.
 
 import sys
 
-import tensorflow_startup
+from run import tensorflow_startup
 
 if __name__ == '__main__':  # Before the modules below import TensorFlow.
   tensorflow_startup.quiet(sys.argv)
@@ -19,7 +19,7 @@ from absl import app
 from absl import flags
 from matplotlib import figure
 from matplotlib.backends import backend_agg
-import summaries
+from run import summaries
 
 FLAGS = flags.FLAGS
 

@@ -31,7 +31,7 @@ older than 2.20 (which cannot read the export's StableHLO) says so.
 import os
 import sys
 
-import tensorflow_startup
+from run import tensorflow_startup
 
 if __name__ == '__main__':  # Before TensorFlow's and gRPC's first import.
   # Level 2: TensorFlow's C++ warnings too, such as an op's failure, which
@@ -50,11 +50,11 @@ import warnings
 
 from absl import app
 from absl import flags
-import classifiers
+from serving import classifiers
 import numpy as np
 from PIL import Image
 from PIL import UnidentifiedImageError
-from serving_signatures import BOUND, BYTES_SIGNATURE, IMAGE_SIZE, MAX_PIXELS, MAX_SIDE
+from serving.signatures import BOUND, BYTES_SIGNATURE, IMAGE_SIZE, MAX_PIXELS, MAX_SIDE
 
 FLAGS = flags.FLAGS
 

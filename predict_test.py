@@ -25,9 +25,9 @@ import time
 import urllib.error
 import urllib.request
 
-import classifiers
+from serving import classifiers
 import grpc
-import image_decoding_test
+from serving import image_decoding_test
 import numpy as np
 from PIL import Image
 import predict

@@ -12,9 +12,9 @@ import contextlib
 import functools
 
 from absl import logging
-import checkpoints
+from run import checkpoints
 from cpu import layers as cpu_layers
-import errors
+from run import errors
 from flax import nnx
 import input_pipeline
 import jax
@@ -25,11 +25,11 @@ import ml_collections
 import models
 import numpy as np
 import optax
-import parallel
-import phases
-import progress
-import summaries
-import workdirs
+from run import parallel
+from run import phases
+from run import progress
+from run import summaries
+from run import workdirs
 
 
 class TrainingError(errors.UserError):
@@ -364,7 +364,7 @@ def _export(model: models.CNN, config, workdir: str) -> str:
   platform the SavedModel runs on. export.py imports TensorFlow and jax2tf,
   seconds of imports: here, when a run exports, not with this module.
   """
-  import export  # pylint: disable=g-import-not-at-top
+  from serving import export  # pylint: disable=g-import-not-at-top
 
   stock = create_model(config)
   nnx.update(stock, parallel.local_copy(nnx.state(model)))

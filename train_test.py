@@ -3,19 +3,19 @@
 import logging
 import os
 
-import checkpoints
+from run import checkpoints
 from cpu import layers as cpu_layers
 from flax import nnx
 import input_pipeline
 import jax
 import numpy as np
-import parallel
+from run import parallel
 import pytest
-import summaries
+from run import summaries
 import tensorflow as tf
 from tools import reference_loop
 import train
-import workdirs
+from run import workdirs
 
 
 def test_evaluate_counts_every_test_example_once(small_config):

@@ -6,7 +6,7 @@ a resumed run may change it, are in `FIELDS` of config_fields.py, where a
 new field is added.
 """
 
-import config_fields
+from run import config_fields
 import ml_collections
 
 

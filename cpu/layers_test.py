@@ -12,7 +12,7 @@ import jax
 from jax import lax
 import numpy as np
 import pytest
-import parallel
+from run import parallel
 import train
 
 BF16_CPU = frozenset({'avx512f', 'avx512_bf16'})

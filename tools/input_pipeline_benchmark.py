@@ -13,7 +13,7 @@ this process, and prints the median and every run, in seconds.
 
 import sys
 
-import tensorflow_startup
+from run import tensorflow_startup
 
 if __name__ == '__main__':  # Before the modules below import TensorFlow.
   tensorflow_startup.quiet(sys.argv)
@@ -30,14 +30,14 @@ import time
 from absl import app
 from absl import flags
 from configs import default
-import data_sources
+from data import sources
 import input_pipeline
 
 FLAGS = flags.FLAGS
 
 flags.DEFINE_string(
     'mnist_dir',
-    os.environ.get(data_sources.MANUAL_DIR_ENV),
+    os.environ.get(sources.MANUAL_DIR_ENV),
     'Directory of the original MNIST files (default: $MNIST_MANUAL_DIR).',
 )
 flags.DEFINE_integer('runs', 5, 'Timed runs per source.')
@@ -47,10 +47,10 @@ def _raw_splits(mnist_dir: str) -> dict:
   """{'train': (images, labels), 'test': ...} uint8, from the original files."""
   return {
       split: tuple(
-          data_sources.read_idx(os.path.join(mnist_dir, name + '.gz'), ndim)
+          sources.read_idx(os.path.join(mnist_dir, name + '.gz'), ndim)
           for name, ndim in zip(names, (3, 1))
       )
-      for split, names in data_sources.IDX_FILES.items()
+      for split, names in sources.IDX_FILES.items()
   }
 
 
@@ -87,7 +87,7 @@ def _torchvision_root(mnist_dir: str, root: str) -> str:
   """torchvision's layout: the four files uncompressed in <root>/MNIST/raw."""
   raw = os.path.join(root, 'torchvision', 'MNIST', 'raw')
   os.makedirs(raw)
-  for names in data_sources.IDX_FILES.values():
+  for names in sources.IDX_FILES.values():
     for name in names:
       with gzip.open(os.path.join(mnist_dir, name + '.gz')) as f:
         with open(os.path.join(raw, name), 'wb') as out:

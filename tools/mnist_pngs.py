@@ -18,7 +18,7 @@ sources keep the original files' order (their first is a 7).
 
 import sys
 
-import tensorflow_startup
+from run import tensorflow_startup
 
 if __name__ == '__main__':  # Before the modules below import TensorFlow.
   tensorflow_startup.quiet(sys.argv)
@@ -29,8 +29,8 @@ import os
 from absl import app
 from absl import flags
 from absl import logging
-import config_fields
-import data_sources
+from run import config_fields
+from data import sources
 import input_pipeline
 import ml_collections
 from ml_collections import config_flags
@@ -68,7 +68,7 @@ def test_images(
   """The first `num` images `(n, 28, 28)` uint8 and labels of the test split.
 
   Read by input_pipeline from `config`'s source, as training reads them.
-  Raises config_fields.ConfigError or data_sources.DataError, whose
+  Raises config_fields.ConfigError or sources.DataError, whose
   message is one line.
   """
   config_fields.validate(config)
@@ -94,7 +94,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   try:
     images, labels = test_images(FLAGS.config, FLAGS.num)
-  except (config_fields.ConfigError, data_sources.DataError) as e:
+  except (config_fields.ConfigError, sources.DataError) as e:
     sys.exit(f'error: {e}')
   for path in write_pngs(images, labels, FLAGS.out):
     print(path)

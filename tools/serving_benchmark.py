@@ -13,7 +13,7 @@ One JSON object per signature, then one about the machine.
 
 import sys
 
-import tensorflow_startup
+from run import tensorflow_startup
 
 if __name__ == '__main__':  # Before the modules below import TensorFlow.
   tensorflow_startup.quiet(sys.argv)
@@ -27,12 +27,12 @@ import time
 
 from absl import app
 from absl import flags
-import classifiers
-import config_fields
-import data_sources
+from serving import classifiers
+from run import config_fields
+from data import sources
 import numpy as np
 from PIL import Image
-import serving_signatures
+from serving import signatures
 import tensorflow as tf
 from tools import mnist_pngs
 
@@ -60,9 +60,9 @@ def inputs(config, n: int) -> dict[str, tuple[str, np.ndarray]]:
     encoded.append(buffer.getvalue())
   floats = (images.astype(np.float32) / 255.0)[..., None]
   return {
-      'serving_default': (serving_signatures.INPUT_NAME, floats),
-      serving_signatures.BYTES_SIGNATURE: (
-          serving_signatures.BYTES_INPUT_NAME,
+      'serving_default': (signatures.INPUT_NAME, floats),
+      signatures.BYTES_SIGNATURE: (
+          signatures.BYTES_INPUT_NAME,
           np.array(encoded, object),
       ),
   }
@@ -117,7 +117,7 @@ def main(argv):
     sys.exit(f'error: --model={FLAGS.model}: {e}')
   try:
     batches = inputs(FLAGS.config, FLAGS.batch)
-  except (config_fields.ConfigError, data_sources.DataError) as e:
+  except (config_fields.ConfigError, sources.DataError) as e:
     sys.exit(f'error: {e}')
   signatures = tf.saved_model.load(path).signatures
   for signature, (name, batch) in batches.items():

@@ -30,7 +30,7 @@ HTTPS ingress in front of the server does.
 
 import sys
 
-import tensorflow_startup
+from run import tensorflow_startup
 
 if __name__ == '__main__':  # Before TensorFlow's first import.
   tensorflow_startup.quiet(sys.argv)

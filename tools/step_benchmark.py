@@ -18,7 +18,7 @@ up before it is timed. Prints a table, then one JSON object as its last line.
 
 import sys
 
-import tensorflow_startup
+from run import tensorflow_startup
 
 if __name__ == '__main__':  # Before the modules below import TensorFlow.
   tensorflow_startup.quiet(sys.argv)
@@ -38,7 +38,7 @@ from cpu import layers as cpu_layers
 from flax import nnx
 import jax
 import numpy as np
-import parallel
+from run import parallel
 from tools import reference_loop
 import train
 

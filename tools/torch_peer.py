@@ -8,7 +8,7 @@ so it runs from a virtual environment of its own, outside the repository:
   /tmp/torchpeer/bin/python -m tools.torch_peer \
       --data_dir=../shared/data/mnist [--bf16] [--epochs=2]
 
-(from the repository's root: the IDX files are read by data_sources.py,
+(from the repository's root: the IDX files are read by sources.py,
 which needs ml-collections).
 
 The Flax example's CNN layer for layer (BatchNorm's running averages decay
@@ -26,7 +26,7 @@ import os
 import resource
 import time
 
-import data_sources
+from data import sources
 import numpy as np
 import torch
 from torch import nn
@@ -38,8 +38,8 @@ BATCH = 128
 def images_and_labels(data_dir: str, prefix: str):
   """A split's images `(N, 1, 28, 28)` in [0, 1], channels_last, and labels."""
   path = os.path.join(data_dir, prefix)
-  images = data_sources.read_idx(f'{path}-images-idx3-ubyte.gz', 3)
-  labels = data_sources.read_idx(f'{path}-labels-idx1-ubyte.gz', 1)
+  images = sources.read_idx(f'{path}-images-idx3-ubyte.gz', 3)
+  labels = sources.read_idx(f'{path}-labels-idx1-ubyte.gz', 1)
   x = torch.from_numpy(images[:, None].astype(np.float32) / 255)
   return (
       x.contiguous(memory_format=torch.channels_last),

@@ -2,7 +2,7 @@
 
 import io
 
-import progress
+from run import progress
 
 
 class FakeStream(io.StringIO):

@@ -18,7 +18,7 @@ import socket
 import time
 
 from absl import logging
-import errors
+from run import errors
 
 LOCK_FILE = 'run.lock'
 

@@ -12,8 +12,8 @@ import math
 import re
 from typing import Any, Callable, NamedTuple
 
-import data_sources
-import errors
+from data import sources
+from run import errors
 import ml_collections
 
 # A check: (value, config, device count) -> None if allowed, else what is.
@@ -68,7 +68,7 @@ _TFDS_SPLIT = re.compile(
 def _split(value, config, devices) -> str | None:
   """A split that `config.data_source` reads."""
   if config.data_source != 'tfds':
-    if data_sources.SPLIT.fullmatch(value):
+    if sources.SPLIT.fullmatch(value):
       return None
     return (
         "'train' or 'test', optionally sliced like 'train[:10%]' or "
@@ -104,7 +104,7 @@ FIELDS = {
     # 'torchvision' (needs PyTorch, not in requirements.txt) or 'idx' (the
     # four original files, read with NumPy). The same arrays from each.
     'data_source': Field('tfds', _one_of(*DATA_SOURCES)),
-    'dataset': Field('mnist', _one_of(*data_sources.DATASETS)),
+    'dataset': Field('mnist', _one_of(*sources.DATASETS)),
     # The source's own directory: tfds: its data_dir ('' uses TFDS' default,
     # $TFDS_DATA_DIR or ~/tensorflow_datasets); hf: a save_to_disk directory
     # or a directory of <split>-*.parquet files ('' loads from the Hub or its

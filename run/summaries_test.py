@@ -5,7 +5,7 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
-import summaries
+from run import summaries
 import tensorflow as tf
 
 

@@ -11,13 +11,13 @@ import os
 
 from absl import logging
 from flax import nnx
-import image_decoding
+from serving import image_decoding
 import jax
 import models
 import numpy as np
 from orbax.export import ExportManager, JaxModule, ServingConfig
-import phases
-from serving_signatures import BYTES_INPUT_NAME, BYTES_SIGNATURE, IMAGE_SHAPE, INPUT_NAME, SIGNATURES
+from run import phases
+from serving.signatures import BYTES_INPUT_NAME, BYTES_SIGNATURE, IMAGE_SHAPE, INPUT_NAME, SIGNATURES
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_log_pb2

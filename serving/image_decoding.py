@@ -16,7 +16,7 @@ error that names its size, which TF Serving returns as HTTP 400.
 """
 
 import numpy as np
-from serving_signatures import BOUND, IMAGE_SIZE, MAX_PIXELS, MAX_SIDE
+from serving.signatures import BOUND, IMAGE_SIZE, MAX_PIXELS, MAX_SIDE
 import tensorflow as tf
 
 # Pillow's fixed-point resampling of 8-bit images (libImaging/Resample.c).

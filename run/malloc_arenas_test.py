@@ -4,15 +4,16 @@ import os
 import subprocess
 import sys
 
-import malloc_arenas
+from run import malloc_arenas
 import pytest
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # In a fresh Python: `limit(argv[1])` unless it is 'none', then six threads
 # alive at once each allocate from their arena; prints what `limit` returned
 # and the number of arenas that glibc's malloc_info reports.
 COUNT_ARENAS = """
-import ctypes, sys, tempfile, threading, malloc_arenas
+import ctypes, sys, tempfile, threading
+from run import malloc_arenas
 capped = None if sys.argv[1] == 'none' else malloc_arenas.limit(int(sys.argv[1]))
 barrier = threading.Barrier(7)
 def allocate():

@@ -3,7 +3,7 @@
 import io
 import itertools
 
-import image_decoding
+from serving import image_decoding
 import numpy as np
 from PIL import Image
 import predict

@@ -43,12 +43,12 @@ AGAIN_SECS = 0.05
 # is in one of these modules (module-level code is an import: not counted);
 # 'starting up' otherwise (imports, flags, JAX's set-up).
 PHASES = {
-    'download': 'downloading the data set',
+    'data.download': 'downloading the data set',
     'tensorflow_datasets': 'preparing the data set',
     'input_pipeline': 'reading the data',
-    'data_sources': 'reading the data',
-    'checkpoints': 'restoring the checkpoint',
-    'export': 'exporting the SavedModel',
+    'data.sources': 'reading the data',
+    'run.checkpoints': 'restoring the checkpoint',
+    'serving.export': 'exporting the SavedModel',
     'train': 'setting up training (compiling)',
 }
 

@@ -20,15 +20,15 @@ import subprocess
 import sys
 import tempfile
 
-import export
+from serving import export
 import filelock
 import numpy as np
 import pytest
-import serving_signatures
+from serving import signatures as names
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # That of the newest TF Serving image, tensorflow/serving:2.20.0.
 SERVING_TENSORFLOW = os.environ.get(
     'SERVING_TENSORFLOW', 'tensorflow-cpu==2.20.0'
@@ -140,7 +140,7 @@ def test_the_newest_serving_tensorflow_answers_as_the_project_does(
       r.predict_log.request.model_spec.signature_name for r in requests
   ]
   assert sorted(set(signatures)) == sorted(
-      serving_signatures.SIGNATURES + (serving_signatures.BYTES_SIGNATURE,)
+      names.SIGNATURES + (names.BYTES_SIGNATURE,)
   )
   path = str(tmp_path / 'requests.tfrecord')
   with tf.io.TFRecordWriter(path) as writer:

@@ -8,21 +8,21 @@ import sys
 import time
 
 from configs import default
-import export
+from serving import export
 from flax import nnx
 import input_pipeline
 import jax
 import models
 import numpy as np
 import pytest
-import serving_signatures
+from serving import signatures as names
 import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow_serving.apis import prediction_log_pb2
 import train
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope='module')
@@ -82,16 +82,15 @@ def test_warmup_requests_replay_against_the_saved_model(exported):
     outputs = function(**{k: tf.constant(v) for k, v in inputs.items()})
     assert outputs['probabilities'].shape == (1, 10)
     replayed.append(request.model_spec.signature_name)
-  assert sorted(replayed) == sorted(
-      serving_signatures.SIGNATURES + (serving_signatures.BYTES_SIGNATURE,)
-  )
+  assert sorted(replayed) == sorted(names.SIGNATURES + (names.BYTES_SIGNATURE,))
 
 
 def test_a_killed_export_leaves_no_version(tmp_path):
   """SIGKILL while a version is written: none half-written, the next is next."""
   model_dir = str(tmp_path / 'mnist')
   script = (
-      'import export, models\n'
+      'import models\n'
+      'from serving import export\n'
       'from flax import nnx\n'
       'model = models.CNN(nnx.Rngs(0))\n'
       'while True:\n'
@@ -135,7 +134,7 @@ def test_signatures_compute_the_jax_logits(exported, batch):
   images = _images(batch)
   expected = np.asarray(model(images))
   loaded = tf.saved_model.load(path)
-  for key in serving_signatures.SIGNATURES:
+  for key in names.SIGNATURES:
     outputs = loaded.signatures[key](image=tf.constant(images))
     np.testing.assert_allclose(outputs['logits'].numpy(), expected, atol=1e-4)
     probabilities = outputs['probabilities'].numpy()
@@ -186,7 +185,7 @@ def test_trained_export_computes_the_jax_logits(
   images = mnist_test_images[0][:batch]
   expected = np.asarray(trained_model(images))
   loaded = tf.saved_model.load(trained_export)
-  for key in serving_signatures.SIGNATURES:
+  for key in names.SIGNATURES:
     outputs = loaded.signatures[key](image=tf.constant(images))
     np.testing.assert_allclose(outputs['logits'].numpy(), expected, atol=1e-4)
     np.testing.assert_allclose(
@@ -236,21 +235,21 @@ def test_signature_def_is_what_tf_serving_reads(trained_export):
   """The MetaGraph that TF Serving loads (tag 'serve') and its Predict API reads."""
   (meta_graph,) = _saved_model(trained_export).meta_graphs
   assert list(meta_graph.meta_info_def.tags) == ['serve']
-  for key in serving_signatures.SIGNATURES:
+  for key in names.SIGNATURES:
     signature = meta_graph.signature_def[key]
     assert signature.method_name == 'tensorflow/serving/predict'
-    assert list(signature.inputs) == [serving_signatures.INPUT_NAME]
-    image = signature.inputs[serving_signatures.INPUT_NAME]
+    assert list(signature.inputs) == [names.INPUT_NAME]
+    image = signature.inputs[names.INPUT_NAME]
     assert image.dtype == types_pb2.DT_FLOAT
     assert [d.size for d in image.tensor_shape.dim] == [-1, 28, 28, 1]
     assert sorted(signature.outputs) == ['logits', 'probabilities']
     for output in signature.outputs.values():
       assert output.dtype == types_pb2.DT_FLOAT
       assert [d.size for d in output.tensor_shape.dim] == [-1, 10]
-  signature = meta_graph.signature_def[serving_signatures.BYTES_SIGNATURE]
+  signature = meta_graph.signature_def[names.BYTES_SIGNATURE]
   assert signature.method_name == 'tensorflow/serving/predict'
-  assert list(signature.inputs) == [serving_signatures.BYTES_INPUT_NAME]
-  encoded = signature.inputs[serving_signatures.BYTES_INPUT_NAME]
+  assert list(signature.inputs) == [names.BYTES_INPUT_NAME]
+  encoded = signature.inputs[names.BYTES_INPUT_NAME]
   assert encoded.dtype == types_pb2.DT_STRING
   assert [d.size for d in encoded.tensor_shape.dim] == [-1]
   assert sorted(signature.outputs) == ['logits', 'probabilities']

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 
 import numpy as np
-from serving_signatures import BYTES_INPUT_NAME, INPUT_NAME, NUM_CLASSES
+from serving.signatures import BYTES_INPUT_NAME, INPUT_NAME, NUM_CLASSES
 
 
 class InputError(Exception):

@@ -5,7 +5,7 @@ import re
 import subprocess
 import sys
 
-import config_fields
+from run import config_fields
 from configs import default
 from configs import fast
 import pytest
@@ -156,7 +156,7 @@ def test_tfds_splits_are_checked_as_tfds_reads_them(split):
 
 def test_checking_imports_neither_jax_nor_tfds():
   script = (
-      'import sys; import config_fields; from configs import default; '
+      'import sys; from run import config_fields; from configs import default; '
       'config_fields.validate(default.get_config()); '
       "print(sorted(m for m in ('jax', 'tensorflow', 'tensorflow_datasets') "
       'if m in sys.modules))'

@@ -1,4 +1,4 @@
-"""Tests of data_sources.py: the idx, hf and torchvision sources, on MNIST.
+"""Tests of sources.py: the idx, hf and torchvision sources, on MNIST.
 
 Most read small IDX files cut from the original ones (conftest's
 `small_files`); the hf and torchvision sources must give the arrays that the
@@ -11,7 +11,7 @@ import os
 import sys
 
 from configs import default
-import data_sources
+from data import sources
 import input_pipeline
 import numpy as np
 import pytest
@@ -45,9 +45,9 @@ def test_hf_sources_give_the_idx_arrays(
   idx = _config(data_source='idx', manual_dir=small_files)
   raw = {}
   for split in ('train', 'test'):
-    names = data_sources.IDX_FILES[split]
+    names = sources.IDX_FILES[split]
     raw[split] = [
-        data_sources.read_idx(os.path.join(small_files, n + '.gz'), d)
+        sources.read_idx(os.path.join(small_files, n + '.gz'), d)
         for n, d in zip(names, (3, 1))
     ]
   label = datasets.ClassLabel(num_classes=10)
@@ -79,7 +79,7 @@ def test_hf_sources_give_the_idx_arrays(
     config = _config(data_source='hf', data_dir=str(tmp_path / directory))
     for actual, wanted in zip(input_pipeline.load(config), expected):
       assert_same_arrays(actual, wanted)
-  assert_same_arrays(data_sources.hf_arrays(arrays['test']), expected[1])
+  assert_same_arrays(sources.hf_arrays(arrays['test']), expected[1])
 
 
 def test_torchvision_source_gives_the_idx_arrays(
@@ -108,7 +108,7 @@ def test_torchvision_source_gives_the_idx_arrays(
 
 def test_missing_torchvision_says_how_to_install_it(monkeypatch):
   monkeypatch.setitem(sys.modules, 'torchvision', None)  # Import fails.
-  with pytest.raises(data_sources.DataError, match='pip install torchvision'):
+  with pytest.raises(sources.DataError, match='pip install torchvision'):
     input_pipeline.load(_config(data_source='torchvision'))
 
 
@@ -116,7 +116,7 @@ def test_truncated_idx_file_is_named(small_files):
   path = os.path.join(small_files, 'train-images-idx3-ubyte.gz')
   with open(path, 'r+b') as f:
     f.truncate(1000)
-  with pytest.raises(data_sources.DataError, match=f'^{path}: cannot be read'):
+  with pytest.raises(sources.DataError, match=f'^{path}: cannot be read'):
     input_pipeline.load(_config(data_source='idx', manual_dir=small_files))
 
 
@@ -124,10 +124,10 @@ def test_short_idx_file_is_named(tmp_path):
   path = tmp_path / 'images'
   path.write_bytes(np.array([0x803, 5, 28, 28], '>u4').tobytes() + bytes(100))
   with pytest.raises(
-      data_sources.DataError,
+      sources.DataError,
       match=f'^{path}: 116 bytes, but its header says .5, 28, 28., 3936 bytes',
   ):
-    data_sources.read_idx(str(path), 3)
+    sources.read_idx(str(path), 3)
 
 
 def test_wrong_idx_file_is_named(small_files):
@@ -135,7 +135,7 @@ def test_wrong_idx_file_is_named(small_files):
   images = os.path.join(small_files, 'train-images-idx3-ubyte.gz')
   os.replace(os.path.join(small_files, 'train-labels-idx1-ubyte.gz'), images)
   with pytest.raises(
-      data_sources.DataError,
+      sources.DataError,
       match=f'^{images}: not an IDX file of 3-dimensional unsigned bytes '
       r'\(magic number 0x801, expected 0x803\)$',
   ):
@@ -145,18 +145,18 @@ def test_wrong_idx_file_is_named(small_files):
 def test_missing_idx_file_is_named(small_files):
   os.remove(os.path.join(small_files, 't10k-labels-idx1-ubyte.gz'))
   with pytest.raises(
-      data_sources.DataError,
+      sources.DataError,
       match=f'^{small_files}: missing t10k-labels-idx1-ubyte.gz',
   ):
     input_pipeline.load(_config(data_source='idx', manual_dir=small_files))
 
 
 def test_fashion_mnist_from_debian_package(monkeypatch, mnist_files):
-  directory = data_sources.DEFAULT_IDX_DIRS['fashion_mnist']
+  directory = sources.DEFAULT_IDX_DIRS['fashion_mnist']
   if not os.path.isdir(directory):
     pytest.skip(f'no {directory}: apt-get install dataset-fashion-mnist')
   # $MNIST_MANUAL_DIR holds MNIST: Fashion-MNIST does not read it.
-  monkeypatch.setenv(data_sources.MANUAL_DIR_ENV, mnist_files)
+  monkeypatch.setenv(sources.MANUAL_DIR_ENV, mnist_files)
   train, test = input_pipeline.load(
       _config(data_source='idx', dataset='fashion_mnist')
   )

@@ -19,13 +19,13 @@ import json
 import re
 
 from absl import logging
-import config_fields
+from run import config_fields
 from etils import epath
 from flax import nnx
 import ml_collections
 import orbax.checkpoint as ocp
-import phases
-import workdirs
+from run import phases
+from run import workdirs
 
 
 def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:

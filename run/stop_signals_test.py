@@ -11,9 +11,9 @@ import sys
 import time
 
 import pytest
-import stop_signals
+from run import stop_signals
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A finalizer that signals its own process and runs Python code, where the
 # handler then runs, while the main thread is inside a `try` that main.py's
@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 # exceptions to a hook of its own, as here.
 IN_A_FINALIZER = """
 import os, signal, sys, time
-import stop_signals
+from run import stop_signals
 
 signals = stop_signals.install()
 signals.report_unraisable = lambda unraisable: print('reported', flush=True)

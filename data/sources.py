@@ -21,7 +21,7 @@ import sys
 import tempfile
 import zlib
 
-import errors
+from run import errors
 import ml_collections
 import numpy as np
 

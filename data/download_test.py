@@ -9,8 +9,8 @@ import socket
 import threading
 
 from configs import default
-import data_sources
-import download
+from data import sources
+from data import download
 import input_pipeline
 import pytest
 import tensorflow_datasets as tfds
@@ -116,7 +116,7 @@ def test_tfds_prepares_what_was_downloaded(
     url_infos, mirror, tmp_path, monkeypatch
 ):
   """The run's own path: no manual directory, the files from a mirror."""
-  monkeypatch.delenv(data_sources.MANUAL_DIR_ENV, raising=False)
+  monkeypatch.delenv(sources.MANUAL_DIR_ENV, raising=False)
   config = default.get_config()
   config.data_dir = str(tmp_path / 'tfds')
   with _serving(mirror) as url:
@@ -129,13 +129,13 @@ def test_tfds_prepares_what_was_downloaded(
 
 
 def test_an_error_names_the_way_out(mirror, tmp_path, monkeypatch):
-  monkeypatch.delenv(data_sources.MANUAL_DIR_ENV, raising=False)
+  monkeypatch.delenv(sources.MANUAL_DIR_ENV, raising=False)
   (mirror / 't10k-labels-idx1-ubyte.gz').unlink()
   config = default.get_config()
   config.data_dir = str(tmp_path / 'tfds')
   with _serving(mirror) as url:
     config.download_url = url
-    with pytest.raises(data_sources.DataError) as error:
+    with pytest.raises(sources.DataError) as error:
       input_pipeline.get_builder(config)
   assert str(error.value) == (
       f'cannot download {url}t10k-labels-idx1-ubyte.gz (HTTP Error 404: File '

@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
-import tensorflow_startup
+from run import tensorflow_startup
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIABLES = ('TF_ENABLE_ONEDNN_OPTS', 'TF_CPP_MIN_LOG_LEVEL')
 # What TensorFlow prints where oneDNN is on (by default on CPUs with AVX-512
 # VNNI or bf16, AVX-VNNI or AMX), before absl's logging is set up.
@@ -25,7 +25,7 @@ def _import_tensorflow(argv: list[str], **environment: str):
   env = {k: v for k, v in os.environ.items() if k not in VARIABLES}
   env.update(environment)
   script = (
-      'import os, sys, tensorflow_startup; '
+      'import os, sys; from run import tensorflow_startup; '
       'tensorflow_startup.quiet(sys.argv); '
       f'print([os.environ.get(k) for k in {VARIABLES!r}]); import tensorflow'
   )

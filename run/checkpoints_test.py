@@ -3,7 +3,7 @@
 import os
 
 from configs import default
-import checkpoints
+from run import checkpoints
 from flax import nnx
 import jax
 import numpy as np

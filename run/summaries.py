@@ -17,14 +17,14 @@ import re
 import typing
 
 from clu import asynclib
-import errors
+from run import errors
 import jax
 from matplotlib import figure
 from matplotlib.backends import backend_agg
 import ml_collections
 import models
 import numpy as np
-import phases
+from run import phases
 from PIL import Image
 from PIL import ImageDraw
 

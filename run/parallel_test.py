@@ -9,16 +9,16 @@ import subprocess
 import sys
 import time
 
-import config_fields
+from run import config_fields
 from configs import default
 import input_pipeline
 import jax
 import numpy as np
-import parallel
+from run import parallel
 import pytest
 import train
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def small_run(config, workdir) -> dict:
@@ -53,7 +53,7 @@ def small_run(config, workdir) -> dict:
 SMALL_RUN = """
 import json, sys
 import ml_collections
-import parallel_test
+from run import parallel_test
 config = ml_collections.ConfigDict(json.loads(sys.argv[1]))
 print(json.dumps(parallel_test.small_run(config, sys.argv[2])))
 """
@@ -113,7 +113,8 @@ DROPOUT_MASKS = """
 import jax, numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
-import parallel, train
+import train
+from run import parallel
 from configs import default
 from cpu import layers
 config = default.get_config()
@@ -156,7 +157,8 @@ jax.distributed.initialize(f'127.0.0.1:{sys.argv[2]}', 2, int(sys.argv[3]))
 from flax import nnx
 import ml_collections
 import numpy as np
-import input_pipeline, parallel, train
+import input_pipeline, train
+from run import parallel
 from cpu import layers
 config = ml_collections.ConfigDict(json.loads(sys.argv[1]))
 mesh = parallel.create_mesh()
