@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
+from run import config_checks
 from run import phases
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.download import download_manager
@@ -227,7 +228,7 @@ def split_arrays(
   """
   if config.data_source == 'tfds':
     return from_tfds(config, split)
-  name, start, stop = sources.SPLIT.fullmatch(split).groups()
+  name, start, stop = config_checks.SPLIT.fullmatch(split).groups()
   arrays = SOURCES[config.data_source](config, name)
   n = len(arrays['label'])
   # A copy, so that a small slice does not keep the whole split in memory.
@@ -243,7 +244,7 @@ def load(
 
   With several JAX processes (hosts), each trains on its own share of the
   training examples (TFDS reads only that share), and evaluates its part of
-  every test batch. `config` is one that `config_fields.validate`
+  every test batch. `config` is one that `config_checks.validate`
   passed.
   """
   if config.data_source == 'tfds':

@@ -40,7 +40,7 @@ from absl import flags
 from absl import logging
 import clu
 from clu import platform
-from run import config_fields
+from run import config_checks
 from run import errors
 import jax
 from ml_collections import config_flags
@@ -195,7 +195,7 @@ def main(argv):
 
   try:
     # Before anything is written.
-    config_fields.validate(FLAGS.config, jax.device_count())
+    config_checks.validate(FLAGS.config, jax.device_count())
     # Processes of one multi-host job share the workdir: process 0 holds it.
     with workdirs.exclusive(FLAGS.workdir, jax.process_index() == 0):
       # The summaries and the export need TensorFlow (and TFDS' decoding):

@@ -298,7 +298,7 @@ def train_and_evaluate(
 ) -> dict[str, float]:
   """Trains for `config.num_epochs`, evaluating after each, then exports.
 
-  `config` must pass `config_fields.validate`. Resumes from `workdir`'s
+  `config` must pass `config_checks.validate`. Resumes from `workdir`'s
   checkpoint; `stop()` (asked after each dispatch) ends with one: `Stopped`.
   """
   saved = checkpoints.checked_manager(config, workdir)
@@ -378,7 +378,7 @@ def _export(model: models.CNN, config, workdir: str) -> str:
 def export_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> str:
   """Exports the model of the latest checkpoint in `workdir`, without training.
 
-  `config` is one that `config_fields.validate` passed. Returns the version
+  `config` is one that `config_checks.validate` passed. Returns the version
   directory written.
 
   Raises:

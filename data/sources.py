@@ -29,9 +29,6 @@ import numpy as np
 # does not (it holds MNIST's files: other data sets do not read it).
 MANUAL_DIR_ENV = 'MNIST_MANUAL_DIR'
 
-# The data sets: 28x28 grey images in ten classes, with the same file names.
-DATASETS = ('mnist', 'fashion_mnist')
-
 # The idx source's directory when config.manual_dir names none: Debian's
 # package dataset-fashion-mnist installs Fashion-MNIST's files here.
 DEFAULT_IDX_DIRS = {'fashion_mnist': '/usr/share/datasets/fashion-mnist'}
@@ -48,10 +45,6 @@ IDX_FILES = {
     'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
     'test': ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte'),
 }
-
-# A split that the sources other than TFDS read: one of the two, optionally
-# with one slice in TFDS' syntax ('train[:10%]', 'test[-500:]').
-SPLIT = re.compile(r'(train|test)(?:\[(-?\d+%?)?:(-?\d+%?)?\])?')
 
 # A split or a batch: uint8 'image' (N, 28, 28, 1), int32 'label'.
 Arrays = dict[str, np.ndarray]

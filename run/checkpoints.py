@@ -19,7 +19,7 @@ import json
 import re
 
 from absl import logging
-from run import config_fields
+from run import config_checks
 from etils import epath
 from flax import nnx
 import ml_collections
@@ -132,7 +132,7 @@ def config_differences(
   return [
       f'{field} {show(saved, field)} -> {show(now, field)}'
       for field in sorted(saved.keys() | now.keys())
-      if field not in config_fields.RESUMABLE
+      if field not in config_checks.RESUMABLE
       and (field in saved, saved.get(field)) != (field in now, now.get(field))
   ]
 

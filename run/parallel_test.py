@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from run import config_fields
+from run import config_checks
 from configs import default
 import input_pipeline
 import jax
@@ -27,7 +27,7 @@ def small_run(config, workdir) -> dict:
   The summary, what the first batches' sharding is, and the number of test
   examples evaluation scored.
   """
-  config_fields.validate(config, jax.device_count())  # As main.py does.
+  config_checks.validate(config, jax.device_count())  # As main.py does.
   summary = train.train_and_evaluate(config, workdir)
   mesh = parallel.create_mesh()
   train_data, test_data = input_pipeline.load(config)

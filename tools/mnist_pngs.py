@@ -29,7 +29,7 @@ import os
 from absl import app
 from absl import flags
 from absl import logging
-from run import config_fields
+from run import config_checks
 from data import sources
 import input_pipeline
 import ml_collections
@@ -68,10 +68,10 @@ def test_images(
   """The first `num` images `(n, 28, 28)` uint8 and labels of the test split.
 
   Read by input_pipeline from `config`'s source, as training reads them.
-  Raises config_fields.ConfigError or sources.DataError, whose
+  Raises config_checks.ConfigError or sources.DataError, whose
   message is one line.
   """
-  config_fields.validate(config)
+  config_checks.validate(config)
   test = input_pipeline.split_arrays(config, config.test_split)
   return test['image'][:num, ..., 0], test['label'][:num]
 
@@ -94,7 +94,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   try:
     images, labels = test_images(FLAGS.config, FLAGS.num)
-  except (config_fields.ConfigError, sources.DataError) as e:
+  except (config_checks.ConfigError, sources.DataError) as e:
     sys.exit(f'error: {e}')
   for path in write_pngs(images, labels, FLAGS.out):
     print(path)

@@ -28,7 +28,7 @@ import time
 from absl import app
 from absl import flags
 from serving import classifiers
-from run import config_fields
+from run import config_checks
 from data import sources
 import numpy as np
 from PIL import Image
@@ -117,7 +117,7 @@ def main(argv):
     sys.exit(f'error: --model={FLAGS.model}: {e}')
   try:
     batches = inputs(FLAGS.config, FLAGS.batch)
-  except (config_fields.ConfigError, sources.DataError) as e:
+  except (config_checks.ConfigError, sources.DataError) as e:
     sys.exit(f'error: {e}')
   signatures = tf.saved_model.load(path).signatures
   for signature, (name, batch) in batches.items():

@@ -1,19 +1,19 @@
-"""Tests of the config fields: their checks, before any work, and defaults."""
+"""Tests of the config checks: before any work, on every field."""
 
 import re
 
 import subprocess
 import sys
 
-from run import config_fields
+from run import config_checks
 from configs import default
 from configs import fast
 import pytest
 
 
 def test_the_shipped_configs_pass():
-  config_fields.validate(default.get_config())
-  config_fields.validate(fast.get_config())
+  config_checks.validate(default.get_config())
+  config_checks.validate(fast.get_config())
 
 
 @pytest.mark.parametrize(
@@ -45,8 +45,8 @@ def test_the_shipped_configs_pass():
 def test_a_bad_value_is_named_with_what_is_allowed(field, value, allowed):
   config = default.get_config()
   config[field] = value
-  with pytest.raises(config_fields.ConfigError) as error:
-    config_fields.validate(config)
+  with pytest.raises(config_checks.ConfigError) as error:
+    config_checks.validate(config)
   assert str(error.value).startswith(
       f'config.{field}={value!r} is not allowed: use {allowed}'
   )
@@ -66,7 +66,7 @@ def test_a_bad_value_is_named_with_what_is_allowed(field, value, allowed):
 def test_tfds_takes_its_split_syntax(split):
   config = default.get_config()
   config.train_split = split
-  config_fields.validate(config)
+  config_checks.validate(config)
 
 
 @pytest.mark.parametrize(
@@ -84,35 +84,35 @@ def test_the_other_sources_take_one_sliced_split(split, allowed):
   config.data_source = 'idx'
   config.test_split = split
   if allowed:
-    config_fields.validate(config)
+    config_checks.validate(config)
   else:
     with pytest.raises(
-        config_fields.ConfigError,
+        config_checks.ConfigError,
         match=(
             f"^config.test_split='{re.escape(split)}' .*: use 'train' or 'test', "
             'optionally sliced'
         ),
     ):
-      config_fields.validate(config)
+      config_checks.validate(config)
 
 
 def test_a_field_without_a_check_is_a_programming_error():
   config = default.get_config()
   config.new_field = 1
   with pytest.raises(KeyError, match='new_field'):
-    config_fields.validate(config)
+    config_checks.validate(config)
 
 
 @pytest.mark.parametrize('devices', [1, 4])
 def test_batch_sizes_are_shared_evenly_by_the_devices(devices):
   config = default.get_config()
-  config_fields.validate(config, devices)
+  config_checks.validate(config, devices)
   config.batch_size = 130
   if devices == 1:
-    config_fields.validate(config, devices)
+    config_checks.validate(config, devices)
     return
-  with pytest.raises(config_fields.ConfigError) as error:
-    config_fields.validate(config, devices)
+  with pytest.raises(config_checks.ConfigError) as error:
+    config_checks.validate(config, devices)
   assert str(error.value) == (
       'config.batch_size=130 is not allowed: use a multiple of the 4 devices'
   )
@@ -150,14 +150,14 @@ def test_tfds_splits_are_checked_as_tfds_reads_them(split):
     tfds_reads = False
   config = default.get_config()
   config.train_split = split
-  allowed = config_fields.FIELDS['train_split'].check(split, config, 1)
+  allowed = config_checks.CHECKS['train_split'](split, config, 1)
   assert (allowed is None) == tfds_reads
 
 
 def test_checking_imports_neither_jax_nor_tfds():
   script = (
-      'import sys; from run import config_fields; from configs import default; '
-      'config_fields.validate(default.get_config()); '
+      'import sys; from run import config_checks; from configs import default; '
+      'config_checks.validate(default.get_config()); '
       "print(sorted(m for m in ('jax', 'tensorflow', 'tensorflow_datasets') "
       'if m in sys.modules))'
   )
@@ -170,11 +170,11 @@ def test_checking_imports_neither_jax_nor_tfds():
 def test_every_data_source_has_a_reader():
   import input_pipeline  # pylint: disable=g-import-not-at-top
 
-  assert tuple(input_pipeline.SOURCES) == config_fields.DATA_SOURCES
+  assert tuple(input_pipeline.SOURCES) == config_checks.DATA_SOURCES
 
 
 def test_only_what_changes_neither_the_state_nor_the_data_order_resumes():
-  assert config_fields.RESUMABLE == {
+  assert config_checks.RESUMABLE == {
       'num_epochs',
       'test_split',
       'eval_batch_size',
@@ -190,3 +190,19 @@ def test_only_what_changes_neither_the_state_nor_the_data_order_resumes():
       'matmul_precision',
       'narrow_dropout_bits',
   }
+
+
+def test_every_field_of_the_default_config_has_a_check_and_no_more():
+  assert set(default.get_config()) == set(config_checks.CHECKS)
+  assert config_checks.RESUMABLE <= set(config_checks.CHECKS)
+
+
+def test_the_default_config_is_the_flax_examples():
+  config = default.get_config()
+  assert (
+      config.learning_rate,
+      config.momentum,
+      config.batch_size,
+      config.num_epochs,
+      config.dropout_rate,
+  ) == (0.1, 0.9, 128, 10, 0.025)

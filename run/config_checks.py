@@ -1,0 +1,148 @@
+"""What each config field allows, and which a resumed run may change.
+
+`validate` checks every field of a config (configs/default.py's) before any
+work, so a mistyped value costs nothing: no data read, no file written. A
+check takes the value, the config and the number of devices, and returns
+None, or what the field allows. A field added to the config without a check
+here is a programming error (KeyError).
+"""
+
+import math
+import re
+from typing import Any, Callable
+
+import ml_collections
+from run import errors
+
+Check = Callable[[Any, ml_collections.ConfigDict, int], str | None]
+
+DATA_SOURCES = ('tfds', 'hf', 'torchvision', 'idx')
+DATASETS = ('mnist', 'fashion_mnist')
+# A split that the sources other than TFDS read: one of the two, optionally
+# with one slice in TFDS' syntax ('train[:10%]', 'test[-500:]').
+SPLIT = re.compile(r'(train|test)(?:\[(-?\d+%?)?:(-?\d+%?)?\])?')
+# TFDS' split syntax (tfds.core.ReadInstruction.from_spec) for the two
+# splits: '+'-joined, each optionally sliced in examples, percent or shards.
+_TFDS_BOUND = r'-?[\d_.]+(?:%|shard)?'
+_TFDS_SPLIT = re.compile(
+    rf'(train|test)(\[(?=[^\]]*\d)(?:{_TFDS_BOUND})?:(?:{_TFDS_BOUND})?\])?'
+)
+
+
+class ConfigError(errors.UserError):
+  """A field's value is not allowed; the message is one line for the user."""
+
+
+def _allows(test: Callable[[Any], bool], allowed: str) -> Check:
+  return lambda value, *_: None if test(value) else allowed
+
+
+def _one_of(*names) -> Check:
+  return _allows(lambda v: v in names, 'one of ' + ', '.join(map(repr, names)))
+
+
+def _devices_share(value, config, devices: int) -> str | None:
+  """A batch size > 0 that the devices share evenly."""
+  if value > 0 and value % devices == 0:
+    return None
+  return (
+      'an integer > 0'
+      if devices == 1
+      else f'a multiple of the {devices} devices'
+  )
+
+
+def _split(value, config, devices) -> str | None:
+  """A split that `config.data_source` reads."""
+  if config.data_source != 'tfds':
+    if SPLIT.fullmatch(value):
+      return None
+    return (
+        "'train' or 'test', optionally sliced like 'train[:10%]' or "
+        "'test[100:600]'"
+    )
+  if all(_TFDS_SPLIT.fullmatch(p) for p in re.split(r'\s*\+\s*', value)):
+    return None
+  return (
+      "a TFDS split of 'train' and 'test', like 'train[:10%]' or "
+      "'train[:50%]+test'"
+  )
+
+
+_ANY = _allows(lambda v: True, '')
+_POSITIVE_INT = _allows(lambda v: v > 0, 'an integer > 0')
+_FRACTION = _allows(lambda v: 0 <= v < 1, 'a number in [0, 1)')
+_URL = _allows(
+    lambda v: not v or re.match(r'(https?|file)://', v),
+    "'' or an http://, https:// or file:// URL",
+)
+_DIRECTORY_NAME = _allows(
+    lambda v: re.fullmatch(r'[\w.-]+', v) and v not in ('.', '..'),
+    'a directory name of letters, digits, _, - and .',
+)
+
+# The data source first: the splits' check depends on it.
+CHECKS = {
+    'data_source': _one_of(*DATA_SOURCES),
+    'learning_rate': _allows(lambda v: 0 < v < math.inf, 'a number > 0'),
+    'momentum': _FRACTION,
+    'batch_size': _devices_share,
+    'num_epochs': _POSITIVE_INT,
+    'nesterov': _ANY,
+    'lr_schedule': _one_of('constant', 'one_cycle'),
+    'dropout_rate': _FRACTION,
+    'seed': _allows(lambda v: v >= 0, 'an integer >= 0'),
+    'dataset': _one_of(*DATASETS),
+    'data_dir': _ANY,
+    'manual_dir': _ANY,
+    'download_url': _URL,
+    'train_split': _split,
+    'test_split': _split,
+    'eval_batch_size': _devices_share,
+    'progress_every_secs': _allows(lambda v: v > 0, 'a number of seconds > 0'),
+    'checkpoint_every_epochs': _POSITIVE_INT,
+    'checkpoints_to_keep': _POSITIVE_INT,
+    'export_model_name': _DIRECTORY_NAME,
+    'steps_per_call': _POSITIVE_INT,
+    'cpu_levers': _ANY,
+    'matmul_precision': _one_of('auto', 'float32', 'bfloat16'),
+    'narrow_dropout_bits': _ANY,
+}
+
+# What a run resumed from a checkpoint may change: neither the order of the
+# data nor what training computes, at most its rounding (the CPU levers) or
+# dropout's random stream, not its distribution.
+RESUMABLE = frozenset(
+    {
+        'num_epochs',
+        'data_dir',
+        'manual_dir',
+        'download_url',
+        'test_split',
+        'eval_batch_size',
+        'progress_every_secs',
+        'checkpoint_every_epochs',
+        'checkpoints_to_keep',
+        'export_model_name',
+        'steps_per_call',
+        'cpu_levers',
+        'matmul_precision',
+        'narrow_dropout_bits',
+    }
+)
+
+
+def validate(config: ml_collections.ConfigDict, devices: int = 1) -> None:
+  """Raises ConfigError naming the first field whose value is not allowed.
+
+  `devices` is the number of devices that share each batch.
+  """
+  unchecked = set(config.keys()) - set(CHECKS)
+  if unchecked:
+    raise KeyError(f'no check for config fields {sorted(unchecked)}')
+  for name, check in CHECKS.items():
+    allowed = check(config[name], config, devices)
+    if allowed is not None:
+      raise ConfigError(
+          f'config.{name}={config[name]!r} is not allowed: use {allowed}'
+      )
