@@ -26,9 +26,9 @@ os.environ.setdefault(
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 # TensorFlow as the entry points run it, without its start-up lines. The
 # tests of those lines run their processes without these variables.
-from run import tensorflow_startup  # pylint: disable=g-import-not-at-top
+from run import startup  # pylint: disable=g-import-not-at-top
 
-tensorflow_startup.quiet([])
+startup.quiet([])
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from cpu import layers as cpu_layers
@@ -210,7 +210,7 @@ def mnist_test_images(small_config) -> tuple:
   TFDS orders them its own way, not as the original files do.
   """
   _, test = input_pipeline.load(small_config(test_split='test[:256]'))
-  return np.asarray(input_pipeline.normalize(test['image'])), test['label']
+  return np.asarray(train.normalize(test['image'])), test['label']
 
 
 @pytest.fixture(scope='session')

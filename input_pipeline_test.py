@@ -11,10 +11,8 @@ import shutil
 from configs import default
 from data import sources
 import input_pipeline
-import jax
 import numpy as np
 import pytest
-import tensorflow as tf
 
 
 def _config(**fields):
@@ -67,15 +65,6 @@ def test_splits_are_uint8_images_and_integer_labels(mnist_data_dir):
     assert 0 == arrays['image'].min() and arrays['image'].max() == 255
     assert arrays['label'].dtype == np.int32
     assert set(np.unique(arrays['label'])) == set(range(10))
-
-
-def test_normalize_is_tf_datas_cast_and_divide_on_the_host_and_jitted():
-  pixels = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
-  want = (tf.cast(pixels, tf.float32) / 255.0).numpy()
-  np.testing.assert_array_equal(input_pipeline.normalize(pixels), want)
-  jitted = jax.jit(input_pipeline.normalize)(pixels)
-  assert jitted.dtype == np.float32
-  np.testing.assert_array_equal(jitted, want)
 
 
 def test_prepares_offline_from_the_manual_dir(mnist_data_dir):

@@ -24,6 +24,7 @@ from absl import flags
 from configs import default
 from run import checkpoints
 from run import config_checks
+from run import startup
 import main
 import numpy as np
 import pytest
@@ -69,7 +70,7 @@ def run_main(monkeypatch):
     monkeypatch.setattr(sys, 'argv', argv)  # config_flags reads it.
     stop_signals.install.cache_clear()  # A StopSignals of this run's own.
     try:
-      main.main(main.parse_flags(argv))
+      main.main(startup.parse_flags(argv))
       return 0
     except SystemExit as e:
       return e.code
@@ -150,7 +151,7 @@ def test_tensorflow_is_imported_only_when_a_run_needs_it():
   """Not with the app's modules: it takes seconds, and a mistake needs none.
 
   A run imports it for its summaries and export, once its config and
-  workdir are checked (`tensorflow_startup.hide_gpus`).
+  workdir are checked (`startup.hide_gpus`).
   """
   script = 'import sys, main; print("tensorflow" in sys.modules)'
   result = subprocess.run(

@@ -3,10 +3,7 @@
 Opt-in, not part of the tests:
 
   python mnist_benchmark.py --workdir=DIR --config=configs/default.py \
-      [--config.num_epochs=2 ...] [--reference]
-
-`--reference` trains with the Flax example's loop instead (`tools/reference_loop.py`),
-the baseline that speed-ups are measured against.
+      [--config.num_epochs=2 ...]
 
 Prints a report, then one JSON object as its last line: besides accuracy and
 speed, the seconds of each phase of the run (start-up: the imports before
@@ -14,6 +11,7 @@ training starts; data; compilation; training; evaluation; summaries;
 checkpoints; export), the peak RSS and what the matmuls computed in (with
 `matmul_precision='auto'`, bf16 or float32 depending on the CPU). Exits
 non-zero when the final test accuracy is outside [0.99, 1.0].
+`python -m tools.reference_loop` reports the Flax example's loop the same way.
 """
 
 import time
@@ -21,18 +19,12 @@ import time
 _START = time.perf_counter()  # Before the imports, which start-up counts.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import gc
 import sys
 
-from run import malloc_arenas
 from run import startup
-from run import tensorflow_startup
 
 if __name__ == '__main__':  # Before the modules below import TensorFlow.
-  startup.check_config(sys.argv)
-  malloc_arenas.limit()  # As main.py does, for the same peak memory.
-  tensorflow_startup.quiet(sys.argv)
-  gc.disable()  # As main.py does for its imports; `run` turns it on.
+  startup.begin(sys.argv, training=True)  # As main.py does.
 
 import collections
 import json
@@ -44,12 +36,10 @@ from absl import flags
 from cpu import layers as cpu_layers
 import jax
 import main
-from run import phases
+from run import progress
 from run import summaries
-from tools import reference_loop
 
 FLAGS = flags.FLAGS
-flags.DEFINE_bool('reference', False, "Train with the Flax example's loop.")
 ACCURACY_RANGE = (0.99, 1.0)
 # JAX's events whose durations make up compilation: tracing, lowering and
 # XLA's compilation of every jitted computation.
@@ -68,9 +58,8 @@ def summarize(
   Seconds per epoch are the intervals between epochs' test summaries, so
   they include evaluation; the median over epochs after the first leaves out
   compilation. Throughput is the median of the epochs' training images/s.
-  `seconds` holds the seconds of each phase: start-up and compilation,
-  measured here, and those of `phases.SECONDS`. Training's seconds include
-  the compilation of its step.
+  `seconds` holds the seconds of each phase. Training's include the
+  compilation of its step.
   """
   accuracy = scalars['test_accuracy']
   epochs = sorted(accuracy)
@@ -95,33 +84,40 @@ def summarize(
   }
 
 
-def run(argv) -> None:
-  start = time.perf_counter()
-  gc.enable()  # The imports are done (TensorFlow's among them): both loops.
-  seconds = collections.Counter(startup=start - _START)
+def timed_phases(start: float) -> collections.Counter:
+  """The seconds of start-up (since `start`), then of each phase as it ends.
 
-  def count_compile(event: str, duration: float, **unused_kwargs) -> None:
+  Compilations and the run's phases (run/progress.py) as JAX's monitoring
+  events report them.
+  """
+  seconds = collections.Counter(startup=time.perf_counter() - start)
+
+  def count(event: str, duration: float, **unused_kwargs) -> None:
     if event in COMPILE_EVENTS:
       seconds['compile'] += duration
+    elif event.startswith(progress.EVENT):
+      seconds[event[len(progress.EVENT) :]] += duration
 
-  jax.monitoring.register_event_duration_secs_listener(count_compile)
-  phases.SECONDS.clear()
-  if FLAGS.reference:
-    reference_loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-    precision = "JAX's default (the Flax example's loop: no CPU levers)"
-  else:
-    main.main(argv)
-    precision = cpu_layers.matmul_precision(FLAGS.config)
+  jax.monitoring.register_event_duration_secs_listener(count)
+  return seconds
+
+
+def report(
+    config, workdir: str, seconds, loop: str, precision: str, start=_START
+) -> None:
+  """Prints the figures of the run in `workdir`; exits 1 if it fell short.
+
+  The wall time counts from `start`.
+  """
   peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-  seconds.update(phases.SECONDS)
   result = summarize(
-      summaries.read_scalars(FLAGS.workdir),
-      time.perf_counter() - _START,
+      summaries.read_scalars(workdir),
+      time.perf_counter() - start,
       peak_rss_mb,
       seconds,
   )
-  result['config'] = FLAGS.config.to_dict()
-  result['loop'] = 'reference' if FLAGS.reference else 'ours'
+  result['config'] = config.to_dict()
+  result['loop'] = loop
   result['matmul_precision'] = precision
   for key, value in result.items():
     if key != 'config':
@@ -135,5 +131,12 @@ def run(argv) -> None:
     )
 
 
+def run(argv) -> None:
+  seconds = timed_phases(_START)
+  main.main(argv)
+  precision = cpu_layers.matmul_precision(FLAGS.config)
+  report(FLAGS.config, FLAGS.workdir, seconds, 'ours', precision)
+
+
 if __name__ == '__main__':
-  app.run(run)
+  app.run(run, flags_parser=startup.parse_flags)

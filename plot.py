@@ -8,10 +8,10 @@ are over the whole test split, as logged.
 
 import sys
 
-from run import tensorflow_startup
+from run import startup
 
 if __name__ == '__main__':  # Before the modules below import TensorFlow.
-  tensorflow_startup.quiet(sys.argv)
+  startup.begin(sys.argv)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 

@@ -31,20 +31,14 @@ older than 2.20 (which cannot read the export's StableHLO) says so.
 import os
 import sys
 
-from run import tensorflow_startup
+from run import startup
 
 if __name__ == '__main__':  # Before TensorFlow's and gRPC's first import.
-  # Level 2: TensorFlow's C++ warnings too, such as an op's failure, which
+  # TensorFlow's C++ warnings too (level 2), such as an op's failure, which
   # the one-line error that predict.py prints names already.
-  tensorflow_startup.quiet(sys.argv, min_log_level=2)
-  # gRPC's C core logs its INFO lines too where GRPC_VERBOSITY is not set (it
-  # leaves absl's default), a failed TLS handshake among them, which the
-  # one-line error names already; its errors still show, and with -v 1 all.
-  if tensorflow_startup.verbosity(sys.argv) < 1:
-    os.environ.setdefault('GRPC_VERBOSITY', 'ERROR')
+  startup.begin(sys.argv, tensorflow_log_level=2)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import gc
 import json
 import warnings
 
@@ -303,7 +297,7 @@ def main(argv):
     classifier = make_classifier()
   except classifiers.InputError as e:
     sys.exit(f'error: {e}')
-  gc.freeze()  # The imports' objects live until exit: see main.py.
+  startup.imports_done()
   if classify(
       argv[1:], classifier, FLAGS.invert, FLAGS.json, as_bytes=FLAGS.bytes
   ):

@@ -1,43 +1,43 @@
-"""Trains and evaluates the MNIST CNN; a library, free of side effects on import.
+"""MNIST example.
 
-`train_and_evaluate` is the Flax example's loop: load the data, create the
-model, optimizer and metrics, then per epoch train, evaluate, log, summarise
-and checkpoint; then export. `export_checkpoint` exports a workdir's latest
-checkpoint without training. The steps are the
-example's (`train_step`, `eval_step`), run many to a dispatch in a jitted
-`lax.scan` over the split NNX state, as Flax's performance guide does it.
+Library file which executes the training and evaluation loop for MNIST.
+`train_and_evaluate` is the Flax example's loop: data, model, optimizer and
+metrics, then per epoch train, evaluate, log, summarise and checkpoint; then
+the export. The steps are the example's (`train_step`, `eval_step`), run
+many to a dispatch in a jitted `lax.scan` over the split NNX state, as
+Flax's performance guide does it. The model and its steps need JAX, Flax
+and optax alone: the run's plumbing, which needs TFDS, TensorFlow, clu and
+orbax, is imported by the functions that run it.
 """
 
 import contextlib
 import functools
 
 from absl import logging
-from run import checkpoints
 from cpu import layers as cpu_layers
-from run import errors
 from flax import nnx
-import input_pipeline
 import jax
 from jax.experimental import multihost_utils
+import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 import ml_collections
-import models
+from models import CNN  # pylint: disable=g-importing-member
 import numpy as np
 import optax
+from run import errors
 from run import parallel
-from run import phases
 from run import progress
-from run import summaries
-from run import workdirs
+from run import stop_signals
+
+# Pixel value k as a float: k / 255, rounded as the example's tf.data
+# `tf.cast(image, tf.float32) / 255` rounds it. Looked up: jitted, XLA turns
+# a division by 255 into a product by its reciprocal, one rounding off.
+PIXEL_VALUES = np.arange(256, dtype=np.float32) / np.float32(255)
 
 
 class TrainingError(errors.UserError):
   """The run cannot go on; the message is one line for the user."""
-
-
-class Stopped(Exception):
-  """The run stopped when asked to, after saving a checkpoint to resume from."""
 
 
 class NonFiniteLoss(Exception):
@@ -48,23 +48,93 @@ class NonFiniteLoss(Exception):
     self.step, self.loss = step, loss
 
 
-def create_model(config: ml_collections.ConfigDict, layers=nnx) -> models.CNN:
+def normalize(images) -> jax.Array:
+  """uint8 pixels as float32 in [0, 1]: the Flax example's inputs, exactly."""
+  return jnp.asarray(PIXEL_VALUES)[images]
+
+
+def loss_fn(model: CNN, batch, rngs=None):
+  """Mean cross-entropy of the batch, with per-example losses and logits."""
+  logits = model(normalize(batch['image']), rngs)
+  losses = optax.softmax_cross_entropy_with_integer_labels(
+      logits=logits, labels=batch['label']
+  )
+  return losses.mean(), (losses, logits)
+
+
+def train_step(model: CNN, optimizer, metrics, batch) -> jax.Array:
+  """Train for a single step; returns the batch's mean loss, before it.
+
+  Dropout draws from the model's own streams (`rngs` None), which its
+  checkpoints hold.
+  """
+  grad_fn = nnx.value_and_grad(loss_fn, has_aux=True)
+  (loss, (losses, logits)), grads = grad_fn(model, batch)
+  metrics.update(loss=losses, logits=logits, labels=batch['label'])
+  optimizer.update(model, grads)
+  return loss
+
+
+def eval_step(model: CNN, metrics, batch) -> jax.Array:
+  """The metrics of the examples whose 'mask' is set; the predicted labels.
+
+  The predictions of the whole batch, so that an epoch's mistakes cost no
+  second pass over the test set.
+  """
+  _, (losses, logits) = loss_fn(model, batch)
+  metrics.update(
+      loss=losses, logits=logits, labels=batch['label'], mask=batch['mask']
+  )
+  return logits.argmax(-1)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=2)
+def train_steps(graphdef, mesh, state, batches):
+  """`train_step` on each of `batches` (`(steps, batch, ...)`), in a `lax.scan`.
+
+  A jitted pure function of the split state costs no per-step Python
+  (`nnx.jit` traverses the object graph on every call). The batches are
+  split over `mesh`; the state stays replicated, so XLA all-reduces the
+  gradients. Returns the new state and the steps' losses.
+  """
+  replicated = NamedSharding(mesh, PartitionSpec())
+
+  def step(state, batch):
+    model, optimizer, metrics = nnx.merge(graphdef, state)
+    loss = train_step(model, optimizer, metrics, batch)
+    state = nnx.state((model, optimizer, metrics))
+    return jax.lax.with_sharding_constraint(state, replicated), loss
+
+  return jax.lax.scan(step, state, batches)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def eval_steps(graphdef, state, batches):
+  """`eval_step` on each of `batches`; the new state and the predictions."""
+
+  def step(state, batch):
+    model, metrics = nnx.merge(graphdef, state)
+    predicted = eval_step(model, metrics, batch)
+    return nnx.state((model, metrics)), predicted
+
+  return jax.lax.scan(step, state, batches)
+
+
+def create_model(config: ml_collections.ConfigDict, layers=nnx) -> CNN:
   """The CNN, initialised from `config.seed`, as are its dropout streams.
 
   `layers`: `flax.nnx`, or the faster layers of a platform
   (`cpu_layers.for_config`).
   """
-  return models.CNN(
-      nnx.Rngs(config.seed), dropout_rate=config.dropout_rate, layers=layers
-  )
+  rngs = nnx.Rngs(config.seed)
+  return CNN(rngs, dropout_rate=config.dropout_rate, layers=layers)
 
 
 def learning_rate(config: ml_collections.ConfigDict, steps_per_epoch: int):
-  """`config.learning_rate` as `config.lr_schedule` shapes it over training.
+  """`config.learning_rate`, constant (the example's) or in one cycle.
 
-  'constant' is the Flax example's; 'one_cycle' warms up to the rate over
-  the first 30% of the steps, then anneals it (cosine) to near zero, which
-  reaches a given accuracy in fewer epochs.
+  'one_cycle' warms up to the rate over the first 30% of the steps, then
+  anneals it (cosine) to near zero: a given accuracy in fewer epochs.
   """
   if config.lr_schedule == 'one_cycle':
     return optax.cosine_onecycle_schedule(
@@ -73,9 +143,7 @@ def learning_rate(config: ml_collections.ConfigDict, steps_per_epoch: int):
   return config.learning_rate
 
 
-def create_optimizer(
-    model: models.CNN, config: ml_collections.ConfigDict, steps_per_epoch: int
-) -> nnx.Optimizer:
+def create_optimizer(model, config, steps_per_epoch: int) -> nnx.Optimizer:
   """SGD with momentum over the model's parameters (not BatchNorm statistics)."""
   tx = optax.sgd(
       learning_rate(config, steps_per_epoch),
@@ -92,76 +160,6 @@ def create_metrics() -> nnx.MultiMetric:
   )
 
 
-def loss_fn(model: models.CNN, batch):
-  """Mean cross-entropy of the batch, with per-example losses and logits."""
-  logits = model(input_pipeline.normalize(batch['image']))
-  losses = optax.softmax_cross_entropy_with_integer_labels(
-      logits=logits, labels=batch['label']
-  )
-  return losses.mean(), (losses, logits)
-
-
-def train_step(model, optimizer, metrics, batch) -> jax.Array:
-  """One SGD step on `batch`; accumulates its loss and accuracy in `metrics`.
-
-  Returns the batch's mean loss, before the step.
-  """
-  grad_fn = nnx.value_and_grad(loss_fn, has_aux=True)
-  (loss, (losses, logits)), grads = grad_fn(model, batch)
-  optimizer.update(model, grads)
-  metrics.update(loss=losses, logits=logits, labels=batch['label'])
-  return loss
-
-
-def eval_step(model, metrics, batch) -> jax.Array:
-  """Accumulates the metrics of the examples of `batch` whose 'mask' is set.
-
-  Returns the predicted labels of the whole batch, so that the images of an
-  epoch's mistakes cost no second pass over the test set.
-  """
-  _, (losses, logits) = loss_fn(model, batch)
-  metrics.update(
-      loss=losses, logits=logits, labels=batch['label'], mask=batch['mask']
-  )
-  return logits.argmax(-1)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=2)
-def train_steps(graphdef, mesh, state, batches):
-  """`train_step` on each of `batches` (`(steps, batch, ...)`), in a `lax.scan`.
-
-  One call runs many steps: a jitted pure function of the split state costs
-  no per-step Python (`nnx.jit` traverses the object graph on every call).
-  The batches are split over `mesh`; the state stays replicated, so XLA
-  all-reduces the gradients. Returns the new state and the steps' losses.
-  """
-  replicated = NamedSharding(mesh, PartitionSpec())
-
-  def step(state, batch):
-    model, optimizer, metrics = nnx.merge(graphdef, state)
-    loss = train_step(model, optimizer, metrics, batch)
-    state = nnx.state((model, optimizer, metrics))
-    return jax.lax.with_sharding_constraint(state, replicated), loss
-
-  return jax.lax.scan(step, state, batches)
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def eval_steps(graphdef, state, batches):
-  """`eval_step` on each of `batches` (arrays `(num_batches, batch, ...)`).
-
-  Returns the new state and the predicted labels, `(num_batches, batch)`.
-  """
-
-  def step(state, batch):
-    model, metrics = nnx.merge(graphdef, state)
-    predicted = eval_step(model, metrics, batch)
-    return nnx.state((model, metrics)), predicted
-
-  return jax.lax.scan(step, state, batches)
-
-
-@phases.timed('train')
 def train_epoch(
     model,
     optimizer,
@@ -179,18 +177,15 @@ def train_epoch(
 
   `order` holds `(steps, batch / process count)` indices into `data`; each
   process passes its own, and every step trains on the union of their
-  batches. `step` is the run's global step at `order[0]`. `steps_per_call`
-  steps run per dispatch, their batches gathered on the host. After each
-  dispatch has finished, its losses are checked (a NaN would otherwise
-  spread silently through the rest of the run), `on_steps(step)` is called
-  with the global step reached, and `stop()` is asked whether to stop
-  there (on any process: all stop at the same step). Waiting for each
-  dispatch makes progress reports true (JAX dispatches asynchronously); it
-  costs about a millisecond of Python a call.
+  batches. `step` is the run's global step at `order[0]`. After each
+  dispatch of `steps_per_call` steps, its losses are checked (a NaN would
+  spread silently through the rest of the run), `on_steps(step)` reports
+  the global step reached, and `stop()` says whether to stop there (on any
+  process: all stop at the same step). Waiting for each dispatch makes the
+  reports true (JAX dispatches asynchronously), at a millisecond a call.
 
   Returns:
-    The global step reached: `step + len(order)`, or less if `stop()` was
-    true on any process.
+    The global step reached: `step + len(order)`, or less if stopped.
 
   Raises:
     NonFiniteLoss: for the first step whose loss was NaN or infinite; the
@@ -218,14 +213,11 @@ def train_epoch(
   return step + done
 
 
-@phases.timed('evaluation')
-def evaluate_and_predict(
-    model, metrics, batches
-) -> tuple[dict[str, float], np.ndarray]:
-  """Metrics over all of `batches` (see `input_pipeline.eval_batches`).
+def evaluate(model, metrics, batches) -> tuple[dict[str, float], np.ndarray]:
+  """Metrics over all of `batches`, and each example's predicted label.
 
-  And the predicted label of each example, padding dropped: those of every
-  process's part of the batches, on every process.
+  `batches` as `input_pipeline.eval_batches` makes them; the predictions of
+  every process's part of them, padding dropped, on every process.
   """
   model.eval()
   metrics.reset()
@@ -256,23 +248,9 @@ def format_epoch(epoch: int, summary: dict[str, float]) -> str:
   )
 
 
-def _test_batches(config, mesh, test_data):
-  """The test split in batches; this process's part of each, on `mesh`."""
-  batches = input_pipeline.eval_batches(test_data, config.eval_batch_size)
-  return parallel.global_batches(mesh, parallel.process_share(batches))
-
-
-def _stopped(saved, position: str) -> Stopped:
-  """What to say when the run stopped, when asked, at `position`."""
-  return Stopped(
-      f'stopped ({position}) with a checkpoint in {saved.directory}: rerun '
-      'the same command to resume'
-  )
-
-
 @contextlib.contextmanager
 def _nan_as_error(config, saved, steps_per_epoch: int):
-  """Turns a NonFiniteLoss into the TrainingError that the user reads.
+  """A NonFiniteLoss as the TrainingError that the user reads.
 
   The latest checkpoint, the last one before the divergence, is kept.
   """
@@ -284,7 +262,7 @@ def _nan_as_error(config, saved, steps_per_epoch: int):
         'no checkpoint was saved before it'
         if latest is None
         else 'the last good checkpoint '
-        f'({checkpoints.position(latest, steps_per_epoch)}) is kept'
+        f'({progress.position(latest, steps_per_epoch)}) is kept'
     )
     raise TrainingError(
         f'loss became {e.loss} at step {e.step + 1} (epoch '
@@ -293,19 +271,37 @@ def _nan_as_error(config, saved, steps_per_epoch: int):
     ) from None
 
 
+def _stopped(saved, position: str) -> stop_signals.Stopped:
+  return stop_signals.Stopped(
+      f'stopped ({position}) with a checkpoint in {saved.directory}: rerun '
+      'the same command to resume'
+  )
+
+
 def train_and_evaluate(
     config: ml_collections.ConfigDict, workdir: str, stop=lambda: False
 ) -> dict[str, float]:
-  """Trains for `config.num_epochs`, evaluating after each, then exports.
+  """Execute model training and evaluation loop.
 
-  `config` must pass `config_checks.validate`. Resumes from `workdir`'s
-  checkpoint; `stop()` (asked after each dispatch) ends with one: `Stopped`.
+  Resumes from `workdir`'s newest checkpoint; `stop()`, asked after each
+  dispatch of steps, ends the run there with a checkpoint (`Stopped`).
   """
+  # pylint: disable-next=g-import-not-at-top
+  import input_pipeline  # TFDS
+  from run import checkpoints  # pylint: disable=g-import-not-at-top  # orbax
+  from run import summaries  # pylint: disable=g-import-not-at-top  # clu, TF
+
   saved = checkpoints.checked_manager(config, workdir)
   mesh = parallel.create_mesh()
-  train_data, test_data = input_pipeline.load(config)
+  with progress.timed('data'):
+    train_data, test_data = input_pipeline.load(config)
   steps_per_epoch = input_pipeline.steps_per_epoch(config, train_data)
-  test_batches = _test_batches(config, mesh, test_data)
+  test_batches = parallel.global_batches(
+      mesh,
+      parallel.process_share(
+          input_pipeline.eval_batches(test_data, config.eval_batch_size)
+      ),
+  )
 
   logging.info('Matmul precision: %s.', cpu_layers.matmul_precision(config))
   model = create_model(config, cpu_layers.for_config(config))
@@ -315,62 +311,74 @@ def train_and_evaluate(
   step, summary = checkpoints.resume(saved, config, *objects)
   nnx.update(objects, parallel.replicate(nnx.state(objects), mesh))
   writer = summaries.create_writer(workdir, config, nnx.state(model, nnx.Param))
-  on_steps = progress.EpochProgress.create(config, steps_per_epoch, writer)
-  save = functools.partial(
-      checkpoints.save, saved, config, steps_per_epoch, objects
+  report = progress.EpochProgress.create(config, steps_per_epoch, writer)
+  save = progress.timed('checkpoint')(
+      functools.partial(
+          checkpoints.save, saved, config, steps_per_epoch, objects
+      )
   )
-  rate = learning_rate(config, steps_per_epoch)
 
   for epoch in range(step // steps_per_epoch + 1, config.num_epochs + 1):
-    on_steps.start(epoch, step)
-    with _nan_as_error(config, saved, steps_per_epoch):
+    report.start(epoch, step)
+    with _nan_as_error(config, saved, steps_per_epoch), progress.timed('train'):
+      order = input_pipeline.epoch_rest(
+          config, step, steps_per_epoch, train_data
+      )
       step = train_epoch(
           *objects,
           data=train_data,
-          order=input_pipeline.epoch_rest(
-              config, step, steps_per_epoch, train_data
-          ),
+          order=order,
           mesh=mesh,
           steps_per_call=config.steps_per_call,
           step=step,
-          on_steps=on_steps,
+          on_steps=report,
           stop=stop,
       )
-    on_steps.end()
+    report.end()
     if step < epoch * steps_per_epoch:  # Stopped within the epoch.
       raise _stopped(saved, save(step, summary))
     summary = {f'train_{k}': v for k, v in compute_metrics(metrics).items()}
-    test, predicted = evaluate_and_predict(model, metrics, test_batches)
+    with progress.timed('evaluation'):
+      test, predicted = evaluate(model, metrics, test_batches)
     summary.update({f'test_{k}': v for k, v in test.items()})
     logging.info('%s', format_epoch(epoch, summary))
-    scalars = {**summary, 'train_images_per_sec': on_steps.images_per_sec}
     last = epoch == config.num_epochs
-    summaries.write_epoch(
-        writer, epoch, scalars, test_data, predicted, rate, step, last
-    )
+    with progress.timed('summaries'):
+      summaries.write_epoch(
+          writer,
+          epoch,
+          {**summary, 'train_images_per_sec': report.images_per_sec},
+          test_data,
+          predicted,
+          learning_rate(config, steps_per_epoch),
+          step,
+          last,
+      )
     if parallel.any_process(stop()) and not last:
       raise _stopped(saved, save(step, summary))
     if last or epoch % config.checkpoint_every_epochs == 0:
       save(step, summary)
   if jax.process_index() == 0:
-    _export(model, config, workdir)
+    export(model, config, workdir)
   return summary
 
 
-def _export(model: models.CNN, config, workdir: str) -> str:
-  """Exports `model`'s state, in the stock model, as the next version.
+def export(model: CNN, config, workdir: str) -> str:
+  """Exports `model`'s state, in a stock model, as the SavedModel's next version.
 
-  The stock model computes in float32 with Flax's own kernels, on every
-  platform the SavedModel runs on. export.py imports TensorFlow and jax2tf,
-  seconds of imports: here, when a run exports, not with this module.
+  The stock model computes in float32 with Flax's own kernels on every
+  platform the SavedModel runs on.
   """
-  from serving import export  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from run import workdirs
+  from serving import export as saved_model  # pylint: disable=g-import-not-at-top
 
   stock = create_model(config)
   nnx.update(stock, parallel.local_copy(nnx.state(model)))
-  path = export.export_saved_model(
-      stock, workdirs.export_dir(workdir, config.export_model_name)
-  )
+  with progress.timed('export'):
+    path = saved_model.export_saved_model(
+        stock, workdirs.export_dir(workdir, config.export_model_name)
+    )
   logging.info('Exported the SavedModel to %s', path)
   return path
 
@@ -378,13 +386,15 @@ def _export(model: models.CNN, config, workdir: str) -> str:
 def export_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> str:
   """Exports the model of the latest checkpoint in `workdir`, without training.
 
-  `config` is one that `config_checks.validate` passed. Returns the version
-  directory written.
+  Returns the version directory written.
 
   Raises:
-    workdirs.WorkdirError: no checkpoint that restores, or one of another
-      config.
+    WorkdirError: no checkpoint that restores, or one of another config.
   """
+  # pylint: disable-next=g-import-not-at-top
+  from run import checkpoints
+  from run import workdirs  # pylint: disable=g-import-not-at-top
+
   saved = checkpoints.manager(workdir)
   model = create_model(config)  # The checkpoint replaces every value.
   meta, _ = checkpoints.restore_newest(saved, config, False, model=model)
@@ -395,7 +405,7 @@ def export_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> str:
     )
   logging.info(
       'Exporting the model of the checkpoint (%s) in %s.',
-      checkpoints.position(meta['step'], meta['steps_per_epoch']),
+      progress.position(meta['step'], meta['steps_per_epoch']),
       saved.directory,
   )
-  return _export(model, config, workdir)
+  return export(model, config, workdir)

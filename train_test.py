@@ -1,6 +1,8 @@
 """Tests of the training loop, on small slices of the real MNIST."""
 
 import logging
+
+from configs import default
 import os
 
 from run import checkpoints
@@ -13,9 +15,19 @@ from run import parallel
 import pytest
 from run import summaries
 import tensorflow as tf
+import tensorflow_datasets as tfds
 from tools import reference_loop
 import train
 from run import workdirs
+
+
+def test_normalize_is_tf_datas_cast_and_divide_on_the_host_and_jitted():
+  pixels = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
+  want = (tf.cast(pixels, tf.float32) / 255.0).numpy()
+  np.testing.assert_array_equal(train.normalize(pixels), want)
+  jitted = jax.jit(train.normalize)(pixels)
+  assert jitted.dtype == np.float32
+  np.testing.assert_array_equal(jitted, want)
 
 
 def test_evaluate_counts_every_test_example_once(small_config):
@@ -25,11 +37,9 @@ def test_evaluate_counts_every_test_example_once(small_config):
   batches = input_pipeline.eval_batches(test, config.eval_batch_size)
   model = train.create_model(config)
 
-  got, predicted = train.evaluate_and_predict(
-      model, train.create_metrics(), batches
-  )
+  got, predicted = train.evaluate(model, train.create_metrics(), batches)
   # In eval mode, as evaluated.
-  logits = np.asarray(model(input_pipeline.normalize(test['image'])))
+  logits = np.asarray(model(train.normalize(test['image'])))
   assert batches['image'].shape[:2] == (3, 128)
   np.testing.assert_array_equal(predicted, logits.argmax(-1))
   expected_accuracy = np.mean(logits.argmax(-1) == test['label'])
@@ -172,4 +182,30 @@ def test_checkpoints_every_few_epochs_and_a_finished_run_only_exports(
       f'{directory} holds a checkpoint (step 48, end of epoch 3) past '
       'config.num_epochs=2: raise num_epochs, or to start afresh, use a new '
       f'--workdir or move {directory} away'
+  )
+
+
+def test_train_and_evaluate_on_tfds_mock_data(tmp_path, monkeypatch):
+  """As the Flax example's own test runs it: TFDS mocked, nothing prepared.
+
+  No download is tried (a mirror that would refuse it is named, and no
+  manual directory) and every example is evaluated.
+  """
+  monkeypatch.delenv('MNIST_MANUAL_DIR', raising=False)
+  config = default.get_config()
+  config.num_epochs = 1
+  config.batch_size = 8
+  config.download_url = 'http://127.0.0.1:9/'
+  config.data_dir = str(tmp_path / 'tfds')  # Nothing prepared there.
+  with tfds.testing.mock_data(num_examples=8):
+    summary = train.train_and_evaluate(config, str(tmp_path / 'workdir'))
+  assert set(summary) == {
+      'train_loss',
+      'train_accuracy',
+      'test_loss',
+      'test_accuracy',
+  }
+  assert summary['test_accuracy'] in [k / 8 for k in range(9)]
+  assert os.path.isfile(
+      tmp_path / 'workdir' / 'export' / 'mnist' / '1' / 'saved_model.pb'
   )

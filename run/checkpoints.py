@@ -20,11 +20,11 @@ import re
 
 from absl import logging
 from run import config_checks
+from run import progress
 from etils import epath
 from flax import nnx
 import ml_collections
 import orbax.checkpoint as ocp
-from run import phases
 from run import workdirs
 
 
@@ -45,7 +45,6 @@ def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
   )
 
 
-@phases.timed('checkpoint')
 def save(
     checkpoints, config, steps_per_epoch: int, objects, step: int, summary
 ):
@@ -66,7 +65,7 @@ def save(
       'config': config.to_dict(),
       'summary': summary,
   }
-  at = position(step, steps_per_epoch)
+  at = progress.position(step, steps_per_epoch)
   try:
     checkpoints.save(
         step,
@@ -139,7 +138,7 @@ def config_differences(
 
 def _check_fits(meta: dict, config, directory: str, training: bool) -> None:
   """Raises WorkdirError if the checkpoint of `meta` cannot go on as `config`."""
-  at = position(meta['step'], meta['steps_per_epoch'])
+  at = progress.position(meta['step'], meta['steps_per_epoch'])
   start_afresh = f'use a new --workdir or move {directory} away'
   differences = config_differences(meta['config'], config)
   if differences:
@@ -229,14 +228,6 @@ def checked_manager(
   return saved
 
 
-def position(step: int, steps_per_epoch: int) -> str:
-  """Global `step` for the user: 'step 32, end of epoch 2', 'step 37, in epoch 3'."""
-  epoch, step_in_epoch = divmod(step, steps_per_epoch)
-  if not step_in_epoch:
-    return f'step {step}, end of epoch {epoch}'
-  return f'step {step}, in epoch {epoch + 1}'
-
-
 def resume(checkpoints, config, model, optimizer, metrics):
   """The global step and summary to go on from; restores the objects.
 
@@ -258,7 +249,7 @@ def resume(checkpoints, config, model, optimizer, metrics):
     return 0, None
   logging.info(
       'Resuming from the checkpoint (%s) in %s.',
-      position(meta['step'], meta['steps_per_epoch']),
+      progress.position(meta['step'], meta['steps_per_epoch']),
       checkpoints.directory,
   )
   return meta['step'], meta['summary']

@@ -39,7 +39,7 @@ def small_run(config, workdir) -> dict:
   test = parallel.global_batches(
       mesh, input_pipeline.eval_batches(test_data, config.eval_batch_size)
   )
-  _, predicted = train.evaluate_and_predict(model, metrics, test)
+  _, predicted = train.evaluate(model, metrics, test)
   return {
       'summary': summary,
       'devices': len(batch['image'].sharding.device_set),

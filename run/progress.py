@@ -1,27 +1,47 @@
-"""Progress within an epoch: clu's ReportProgress, plus a bar on a terminal.
+"""Progress of a run: clu's ReportProgress, a tqdm bar on a terminal, phases.
 
 clu's `ReportProgress` logs a line (steps/s, percentage, ETA) every
-`progress_every_secs` and writes `steps_per_sec` summaries, whatever the
-output is: that is what CI and log files get. When stderr, where absl logs,
-is a terminal, a one-line bar rewritten after each dispatch shows the epoch's
-steps, steps/s, images/s and ETA as well; it steps aside while
-ReportProgress logs, so that log lines do not land inside it (clu's default
-writer logs from a thread of its own: the bar waits for it to finish).
+`config.progress_every_secs` and writes `steps_per_sec` summaries, whatever
+the output is: that is what CI and log files get. When stderr, where absl
+logs, is a terminal, tqdm's bar shows the epoch's steps, steps/s, images/s
+and ETA as well, cleared while ReportProgress logs (clu's default writer
+logs from a thread of its own: the bar waits for it), so that log lines do
+not land inside it.
+
+`timed(phase)` records a phase's seconds (data, train, evaluation, ...) as
+a JAX monitoring event, as JAX records its compilations: what
+mnist_benchmark.py reports.
 """
 
+import contextlib
 import sys
 import time
-import typing
 from typing import TextIO
 
-import ml_collections
+import jax
+import tqdm
 
-if typing.TYPE_CHECKING:  # clu's writers import TensorFlow: see `create`.
-  from clu import metric_writers
-  from clu import periodic_actions
+EVENT = '/mnist/phase/'  # + the phase's name.
 
-WIDTH = 20  # Characters of the bar itself.
-CLEAR_LINE = '\r\x1b[K'
+
+def position(step: int, steps_per_epoch: int) -> str:
+  """Global `step` for the user: 'step 32, end of epoch 2', 'step 37, in epoch 3'."""
+  epoch, step_in_epoch = divmod(step, steps_per_epoch)
+  if not step_in_epoch:
+    return f'step {step}, end of epoch {epoch}'
+  return f'step {step}, in epoch {epoch + 1}'
+
+
+@contextlib.contextmanager
+def timed(phase: str):
+  """Records the seconds of the block as the monitoring event EVENT + phase."""
+  start = time.perf_counter()
+  try:
+    yield
+  finally:
+    jax.monitoring.record_event_duration_secs(
+        EVENT + phase, time.perf_counter() - start
+    )
 
 
 class EpochProgress:
@@ -29,30 +49,23 @@ class EpochProgress:
 
   def __init__(
       self,
-      report_progress: 'periodic_actions.ReportProgress',
+      report_progress,
       steps_per_epoch: int,
       batch_size: int,
       num_epochs: int,
-      writer: 'metric_writers.MetricWriter | None' = None,
+      writer=None,
       stream: TextIO | None = None,
   ):
-    self._report = report_progress
-    self._writer = writer
-    self._steps_per_epoch = steps_per_epoch
-    self._batch_size = batch_size
+    self._report, self._writer = report_progress, writer
+    self._steps_per_epoch, self._batch_size = steps_per_epoch, batch_size
     self._num_epochs = num_epochs
     self._stream = stream or sys.stderr
-    self.bar = self._stream.isatty()
-    self._epoch, self._first, self._start = 0, 0, 0.0
-    self._last, self._last_time = 0, 0.0
+    self._bar = tqdm.tqdm(disable=True)
+    self._first = self._last = 0
+    self._start = self._last_time = 0.0
 
   @classmethod
-  def create(
-      cls,
-      config: ml_collections.ConfigDict,
-      steps_per_epoch: int,
-      writer: 'metric_writers.MetricWriter',
-  ) -> 'EpochProgress':
+  def create(cls, config, steps_per_epoch: int, writer) -> 'EpochProgress':
     """With clu's ReportProgress every `config.progress_every_secs`.
 
     Its module imports TensorFlow, through clu's writers: here, where the
@@ -74,29 +87,31 @@ class EpochProgress:
     )
 
   def start(self, epoch: int, step: int | None = None) -> None:
-    """Starts timing `epoch` (from 1) at global `step` (its first, if None).
+    """Starts `epoch` (from 1) at the run's global `step` (its first, if None).
 
     A resumed run starts an epoch in its middle.
     """
     first = (epoch - 1) * self._steps_per_epoch
-    self._epoch, self._first = epoch, first if step is None else step
-    self._start = time.perf_counter()
+    self._first = self._last = first if step is None else step
+    self._bar = tqdm.tqdm(
+        desc=f'epoch {epoch}/{self._num_epochs}',
+        total=self._steps_per_epoch,
+        initial=self._first - first,
+        unit='step',
+        file=self._stream,
+        disable=not self._stream.isatty(),
+        dynamic_ncols=True,
+    )
+    self._start = self._last_time = time.perf_counter()
 
   def __call__(self, step: int) -> None:
     """Reports the run's global `step` reached, in the current epoch."""
+    self._bar.clear()  # A no-op off a terminal.
+    if self._report(step) and self._writer and not self._bar.disable:
+      self._writer.flush()  # Its log lines, before the bar is redrawn.
+    self._bar.update(step - self._last)
     self._last, self._last_time = step, time.perf_counter()
-    if self.bar:
-      self._stream.write(CLEAR_LINE)
-    reported = self._report(step)
-    if self.bar:
-      if reported and self._writer:
-        self._writer.flush()  # Its log lines, before the bar is redrawn.
-      seconds = time.perf_counter() - self._start
-      in_epoch = step - (self._epoch - 1) * self._steps_per_epoch
-      self._stream.write(
-          '\r' + self.line(in_epoch, seconds, step - self._first)
-      )
-      self._stream.flush()
+    self._bar.set_postfix_str(f'{self.images_per_sec:.0f} images/s')
 
   @property
   def images_per_sec(self) -> float:
@@ -106,20 +121,4 @@ class EpochProgress:
 
   def end(self) -> None:
     """Leaves the epoch's last bar on its own line."""
-    if self.bar:
-      self._stream.write('\n')
-      self._stream.flush()
-
-  def line(self, steps: int, seconds: float, timed: int | None = None) -> str:
-    """The bar after `steps` of the epoch, `timed` of them (all if None) in `seconds`."""
-    total = self._steps_per_epoch
-    filled = WIDTH * steps // total
-    timed = steps if timed is None else timed
-    rate = timed / seconds if seconds > 0 else 0.0
-    eta = (total - steps) / rate if rate else 0.0
-    return (
-        f'epoch {self._epoch}/{self._num_epochs} '
-        f'[{"#" * filled}{"." * (WIDTH - filled)}] {steps}/{total} '
-        f'{rate:.1f} steps/s {rate * self._batch_size:.0f} images/s '
-        f'ETA {int(eta) // 60}:{int(eta) % 60:02d}'
-    )
+    self._bar.close()

@@ -1,14 +1,30 @@
-"""What a command checks before its imports, which take seconds.
+"""What a command does before its imports, and about the libraries' noise.
 
-`check_config` loads the file that `--config` names as ml_collections'
-`config_flags` will (`path.py` or `path.py:argument`, its `get_config`
-called with the argument), so that a mistake in it is one line, before JAX
-starts or anything is written; `--verbosity=1` (`-v 1`) shows the
-traceback instead. The flags are parsed again, as usual, by absl.
+Each entry point calls `begin(sys.argv)` first, in its `__main__` block,
+before the imports that take seconds (JAX, TensorFlow):
+
+- `--config` is loaded as ml_collections' `config_flags` will load it: a
+  mistake in the file is one line, before JAX starts or anything is
+  written (`--verbosity=1` shows the traceback);
+- TensorFlow's C++ start-up lines (oneDNN's, printed before absl's logging
+  is set up) and gRPC's INFO lines are held back, unless `-v 1`;
+- for training (`training=True`), SIGTERM and Ctrl-C are taken
+  (run/stop_signals.py), so that a stop during the imports is prompt, and
+  the garbage collector is off while the imports make half a million
+  objects that live until exit: walked again and again, they free nothing.
+  `imports_done` freezes them, out of every later collection, and turns
+  the collector back on.
+
+`parse_flags` and `QuietLibraries` keep the run's output to its own lines:
+a config field that does not exist is one, and what orbax and TensorFlow
+narrate, or log again of a failure the run names, is dropped.
 """
 
+import asyncio
+import gc
 import importlib.util
 import inspect
+import logging
 import os
 import sys
 from typing import Sequence
@@ -24,8 +40,13 @@ def _flags(argv: Sequence[str]) -> flags.FlagValues:
   try:
     parser(list(argv) or [''], known_only=True)
   except flags.Error:
-    pass  # absl reports it, as it parses the flags again.
+    parser.mark_as_parsed()  # The defaults; absl reports it, parsing again.
   return parser
+
+
+def verbosity(argv: Sequence[str]) -> int:
+  """absl's `--verbosity` (`-v`) in `argv`, before app.run; 0 if not a number."""
+  return _flags(argv).verbosity
 
 
 class ConfigFileError(Exception):
@@ -91,3 +112,130 @@ def check_config(argv: Sequence[str]) -> None:
     if parsed.verbosity >= 1:
       raise
     sys.exit(f'error: --config={parsed.config}: {_cause(e)}')
+
+
+def quiet(argv: Sequence[str], tensorflow_log_level: int = 1) -> None:
+  """TensorFlow's oneDNN and C++ log lines off, gRPC's to errors, unless -v 1.
+
+  TensorFlow reads its variables once, as it loads; a variable the user set
+  is left as it is. Level 1 hides TensorFlow's INFO lines (JAX's own
+  default), 2 its WARNING lines too.
+  """
+  if verbosity(argv) >= 1:
+    return
+  os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', str(tensorflow_log_level))
+  os.environ.setdefault('GRPC_VERBOSITY', 'ERROR')
+
+
+def begin(
+    argv: Sequence[str], training: bool = False, tensorflow_log_level: int = 1
+) -> None:
+  """What a command does first, before its imports (see the docstring)."""
+  check_config(argv)
+  quiet(argv, tensorflow_log_level)
+  if training:
+    from run import stop_signals  # pylint: disable=g-import-not-at-top
+
+    stop_signals.install()
+    gc.disable()
+
+
+def imports_done() -> None:
+  """The objects made so far live until exit: frozen; the collector back on."""
+  gc.freeze()
+  gc.enable()
+
+
+def hide_gpus() -> None:
+  """Imports TensorFlow and hides the GPUs from it: their memory is JAX's.
+
+  TensorFlow would otherwise reserve most of a GPU's memory at its first
+  operation (a summary, TFDS' decoding, the export); the import takes
+  seconds, so not before a run needs it.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  tf.config.experimental.set_visible_devices([], 'GPU')
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing; a config field that does not exist is one line.
+
+  config_flags reports it as an AttributeError whose text suggests the field
+  meant; absl would print it with a traceback.
+  """
+  from absl import app  # pylint: disable=g-import-not-at-top
+
+  try:
+    return app.parse_flags_with_usage(argv)
+  except AttributeError as e:
+    if flags.FLAGS['verbosity'].value >= 1:
+      raise
+    # The KeyError inside holds "'field'\nDid you mean ...?".
+    cause = e.args[0].args[0] if isinstance(e.args[0], KeyError) else str(e)
+    field, _, hint = str(cause).partition('\n')
+    hint = hint[:1].lower() + hint[1:] or 'see the config file for its fields'
+    sys.exit(f'error: the config has no field {field}; {hint}')
+
+
+class QuietLibraries(logging.Filter):
+  """Drops what orbax and TensorFlow log that the run says better itself.
+
+  Their INFO records narrate their work (a checkpoint or a SavedModel saved
+  is dozens of lines); the run logs one of its own. When a write fails,
+  orbax's and clu's threads and their asyncio loops log the error with its
+  traceback, several times; the run ends with one line naming it. Other
+  warnings and errors pass.
+  """
+
+  def __init__(self):
+    super().__init__()
+    top = lambda name: os.path.dirname(importlib.util.find_spec(name).origin)
+    orbax = os.path.join(top('orbax.checkpoint'), '..')
+    self._dirs = tuple(
+        os.path.normpath(d) + os.sep for d in (orbax, top('tensorflow'))
+    )
+    self._threads_dirs = tuple(
+        os.path.normpath(d) + os.sep
+        for d in (orbax, os.path.dirname(asyncio.__file__), top('clu'))
+    )
+
+  def filter(self, record) -> bool:
+    if record.levelno <= logging.INFO:
+      return not record.pathname.startswith(self._dirs)
+    return not (
+        record.exc_info and record.pathname.startswith(self._threads_dirs)
+    )
+
+
+def quiet_logs(signals) -> None:
+  """QuietLibraries on absl's handler; dropped errors' reports as DEBUG lines.
+
+  After a failed checkpoint write, TensorStore's callbacks into orbax's
+  closed event loop fail a dozen times, each reported with a traceback,
+  where the run's one line says what happened. `signals` is the process's
+  StopSignals, which takes those reports first.
+  """
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+
+  absl_logging.get_absl_handler().addFilter(QuietLibraries())
+  signals.report_unraisable = lambda unraisable: absl_logging.debug(
+      'Ignored in %r: %r', unraisable.object, unraisable.exc_value
+  )
+
+
+def configure_jax(compilation_cache_dir: str) -> None:
+  """JAX's persistent compilation cache in the directory, unless '' or set.
+
+  JAX keeps only what took 1 s to compile; the run's many small
+  computations (initialisers, metrics, the schedule) take 10-700 ms each, 4
+  s in all: kept too.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  if compilation_cache_dir and not jax.config.jax_compilation_cache_dir:
+    cache = os.path.expanduser(compilation_cache_dir)
+    jax.config.update('jax_compilation_cache_dir', cache)
+    if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
+      jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)

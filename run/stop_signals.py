@@ -65,6 +65,10 @@ def phase(frame) -> str:
   return 'starting up'
 
 
+class Stopped(Exception):
+  """The run stopped when asked to, after saving a checkpoint to resume from."""
+
+
 class StopSignals:
   """Handles SIGTERM and SIGINT for the process; see the module's docstring.
 
@@ -163,6 +167,18 @@ class StopSignals:
       main = sys._current_frames().get(threading.main_thread().ident)  # pylint: disable=protected-access
       self._tell(signum, main)
       os._exit(128 + signum)
+
+  def exit_status(self, stopped: Stopped) -> int:
+    """Logs why the run `stopped`; returns 128 + the signal, as a shell does.
+
+    Where another process was asked (a preempted job's host), SIGTERM's.
+    """
+    if self.received:
+      received, cause = self.received, self.received.name
+    else:
+      received, cause = signal.SIGTERM, 'another process was asked to stop'
+    logging.warning('%s: %s', cause, stopped)
+    return 128 + received
 
   def asked(self) -> bool:
     """Whether a stop was asked for; the first call marks training begun."""

@@ -24,7 +24,6 @@ from matplotlib.backends import backend_agg
 import ml_collections
 import models
 import numpy as np
-from run import phases
 from PIL import Image
 from PIL import ImageDraw
 
@@ -223,7 +222,6 @@ def write_run_info(
   )
 
 
-@phases.timed('summaries')
 def write_epoch(
     writer: 'metric_writers.MetricWriter',
     epoch: int,

@@ -11,13 +11,13 @@
 """
 
 import contextlib
-import fcntl
 import os
 import pathlib
 import socket
 import time
 
 from absl import logging
+import filelock
 from run import errors
 
 LOCK_FILE = 'run.lock'
@@ -80,36 +80,13 @@ def _file_in_the_way(workdir: str) -> str | None:
   return None if nearest.is_dir() else str(nearest)
 
 
-def _locked(path: str, workdir: str):
-  """`path` opened and flocked, or WorkdirError naming the holder it names."""
-  while True:
-    f = open(path, 'a+')
-    try:
-      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      f.seek(0)
-      holder = f.read().strip() or 'a run'
-      f.close()
-      raise WorkdirError(
-          f'the workdir {workdir} is in use by {holder} (it holds {path}): '
-          'wait for it to end, or use another --workdir'
-      ) from None
-    try:
-      if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
-        return f
-    except FileNotFoundError:
-      pass
-    f.close()  # Its holder removed it as this process opened it: again.
-
-
 @contextlib.contextmanager
 def exclusive(workdir: str, hold: bool = True):
   """Holds `workdir` for this process, or raises WorkdirError naming its holder.
 
-  An flock on `<workdir>/run.lock`, which the system releases however the
-  process ends. The file names the holder while it runs and is removed when
-  it ends cleanly, so a file found with a name in it is a killed run's.
-  (filelock empties the file on every attempt, which would lose the name.)
+  filelock's lock on `<workdir>/run.lock`, which the system releases however
+  the process ends. The file names the holder while it runs and is removed
+  when it ends cleanly, so a file found with a name in it is a killed run's.
   Not for remote file systems (gs://): there, or without `hold`, nothing is
   held.
   """
@@ -118,19 +95,29 @@ def exclusive(workdir: str, hold: bool = True):
     return
   prepare(workdir)
   path = os.path.join(workdir, LOCK_FILE)
-  with _locked(path, workdir) as f:
-    f.seek(0)
-    killed = f.read().strip()
-    if killed:
-      logging.warning(
-          'Taking over %s from %s, which ended without releasing it.',
-          path,
-          killed,
-      )
-    f.truncate(0)
-    f.write(f'process {os.getpid()} on {socket.gethostname()}\n')
-    f.flush()
-    try:
-      yield
-    finally:
-      os.remove(path)  # Before the lock is released, as the file closes.
+  lock = filelock.FileLock(path, timeout=0)
+  try:
+    lock.acquire()
+  except filelock.Timeout:
+    with open(path) as f:
+      holder = f.read().strip() or 'a run'
+    raise WorkdirError(
+        f'the workdir {workdir} is in use by {holder} (it holds {path}): '
+        'wait for it to end, or use another --workdir'
+    ) from None
+  try:
+    with open(path, 'r+') as f:
+      killed = f.read().strip()
+      if killed:
+        logging.warning(
+            'Taking over %s from %s, which ended without releasing it.',
+            path,
+            killed,
+        )
+      f.seek(0)
+      f.truncate()
+      f.write(f'process {os.getpid()} on {socket.gethostname()}\n')
+    yield
+  finally:
+    os.remove(path)  # Before the lock is released: the process ended it.
+    lock.release()

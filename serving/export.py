@@ -16,7 +16,6 @@ import jax
 import models
 import numpy as np
 from orbax.export import ExportManager, JaxModule, ServingConfig
-from run import phases
 from serving.signatures import BYTES_INPUT_NAME, BYTES_SIGNATURE, IMAGE_SHAPE, INPUT_NAME, SIGNATURES
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
@@ -106,7 +105,6 @@ def _remove_incomplete(model_dir: str) -> None:
       tf.io.gfile.rmtree(os.path.join(model_dir, name))
 
 
-@phases.timed('export')
 def export_saved_model(model: models.CNN, model_dir: str) -> str:
   """Writes the eval-mode `model` to `<model_dir>/<next version>/`.
 

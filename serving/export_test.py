@@ -263,11 +263,9 @@ def test_trained_export_scores_the_accuracy_training_reports(
   config.test_split = 'test[:300]'
   _, test = input_pipeline.load(config)
   batches = input_pipeline.eval_batches(test, config.eval_batch_size)
-  reported, _ = train.evaluate_and_predict(
-      trained_model, train.create_metrics(), batches
-  )
+  reported, _ = train.evaluate(trained_model, train.create_metrics(), batches)
   function = tf.saved_model.load(trained_export).signatures['serving_default']
-  images = np.asarray(input_pipeline.normalize(test['image']))
+  images = np.asarray(train.normalize(test['image']))
   logits = function(image=tf.constant(images))['logits'].numpy()
   correct = np.sum(logits.argmax(-1) == test['label'])
   assert np.float32(correct / 300) == np.float32(reported['accuracy'])

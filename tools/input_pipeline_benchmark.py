@@ -13,10 +13,10 @@ this process, and prints the median and every run, in seconds.
 
 import sys
 
-from run import tensorflow_startup
+from run import startup
 
 if __name__ == '__main__':  # Before the modules below import TensorFlow.
-  tensorflow_startup.quiet(sys.argv)
+  startup.begin(sys.argv)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import gzip

@@ -18,10 +18,10 @@ sources keep the original files' order (their first is a 7).
 
 import sys
 
-from run import tensorflow_startup
+from run import startup
 
 if __name__ == '__main__':  # Before the modules below import TensorFlow.
-  tensorflow_startup.quiet(sys.argv)
+  startup.begin(sys.argv)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import os

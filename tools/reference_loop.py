@@ -4,19 +4,36 @@ The design the Flax MNIST example (examples/mnist/train.py) publishes: the
 stock `nnx.Conv`, an `nnx.jit` step per batch, tf.data batches of a
 1,024-example shuffle buffer, no CPU levers; with this project's model,
 optimizer, config and summaries, so that the two loops are measured the same
-way. `mnist_benchmark.py --reference` trains with it, `tools/step_benchmark.py`
-times its step, and train_test.py checks the project's steps against it. Not
-used by training.
+way. It reports as mnist_benchmark.py does:
+
+  python -m tools.reference_loop --workdir=DIR --config=configs/default.py \
+      [--config.num_epochs=2 ...]
+
+`tools/step_benchmark.py` times its step, and train_test.py checks the
+project's steps against it. Not used by training.
 """
 
 import time
 
+_START = time.perf_counter()  # Before the imports, which start-up counts.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import sys
+
+from run import startup
+
+if __name__ == '__main__':  # Before the modules below import TensorFlow.
+  startup.begin(sys.argv, training=True)  # As main.py does.
+
+from absl import app
+from absl import flags
 from absl import logging
 from clu import metric_writers
 from flax import nnx
 import input_pipeline
 import jax
 import ml_collections
+import mnist_benchmark
 import optax
 import tensorflow as tf
 import train
@@ -24,7 +41,7 @@ import train
 
 def loss_fn(model, batch):
   """The example's loss: the batch's mean cross-entropy, and the logits."""
-  logits = model(input_pipeline.normalize(batch['image']))
+  logits = model(train.normalize(batch['image']))
   loss = optax.softmax_cross_entropy_with_integer_labels(
       logits=logits, labels=batch['label']
   ).mean()
@@ -104,3 +121,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     )
   writer.flush()
   return summary
+
+
+def run(argv) -> None:
+  del argv
+  seconds = mnist_benchmark.timed_phases(_START)
+  startup.imports_done()
+  config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
+  train_and_evaluate(config, workdir)
+  precision = "JAX's default (the Flax example's loop: no CPU levers)"
+  mnist_benchmark.report(
+      config, workdir, seconds, 'reference', precision, _START
+  )
+
+
+if __name__ == '__main__':
+  app.run(run, flags_parser=startup.parse_flags)

@@ -30,10 +30,10 @@ HTTPS ingress in front of the server does.
 
 import sys
 
-from run import tensorflow_startup
+from run import startup
 
 if __name__ == '__main__':  # Before TensorFlow's first import.
-  tensorflow_startup.quiet(sys.argv)
+  startup.begin(sys.argv)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import base64

@@ -18,10 +18,10 @@ up before it is timed. Prints a table, then one JSON object as its last line.
 
 import sys
 
-from run import tensorflow_startup
+from run import startup
 
 if __name__ == '__main__':  # Before the modules below import TensorFlow.
-  tensorflow_startup.quiet(sys.argv)
+  startup.begin(sys.argv)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import json

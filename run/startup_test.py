@@ -1,4 +1,4 @@
-"""Tests of tensorflow_startup: TensorFlow imported without start-up lines."""
+"""Tests of the start-up: TensorFlow imported without its start-up lines."""
 
 import os
 import platform
@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from run import tensorflow_startup
+from run import startup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIABLES = ('TF_ENABLE_ONEDNN_OPTS', 'TF_CPP_MIN_LOG_LEVEL')
@@ -25,8 +25,8 @@ def _import_tensorflow(argv: list[str], **environment: str):
   env = {k: v for k, v in os.environ.items() if k not in VARIABLES}
   env.update(environment)
   script = (
-      'import os, sys; from run import tensorflow_startup; '
-      'tensorflow_startup.quiet(sys.argv); '
+      'import os, sys; from run import startup; '
+      'startup.quiet(sys.argv); '
       f'print([os.environ.get(k) for k in {VARIABLES!r}]); import tensorflow'
   )
   return subprocess.run(
@@ -44,11 +44,11 @@ def _import_tensorflow(argv: list[str], **environment: str):
     [([], 0), (['--verbosity=1'], 1), (['-v', '2'], 2), (['--v=-1'], -1)],
 )
 def test_verbosity_is_read_as_absl_reads_it(argv, level):
-  assert tensorflow_startup.verbosity(['prog', '--config=c.py', *argv]) == level
+  assert startup.verbosity(['prog', '--config=c.py', *argv]) == level
 
 
 def test_verbosity_that_absl_will_refuse_is_left_to_absl():
-  assert tensorflow_startup.verbosity(['prog', '--verbosity=loud']) == 0
+  assert startup.verbosity(['prog', '--verbosity=loud']) == 0
 
 
 def test_tensorflow_starts_quietly():
