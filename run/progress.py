@@ -19,7 +19,6 @@ import time
 from typing import TextIO
 
 import jax
-import tqdm
 
 EVENT = '/mnist/phase/'  # + the phase's name.
 
@@ -60,7 +59,7 @@ class EpochProgress:
     self._steps_per_epoch, self._batch_size = steps_per_epoch, batch_size
     self._num_epochs = num_epochs
     self._stream = stream or sys.stderr
-    self._bar = tqdm.tqdm(disable=True)
+    self._bar = None  # tqdm's, for the epoch begun.
     self._first = self._last = 0
     self._start = self._last_time = 0.0
 
@@ -91,6 +90,8 @@ class EpochProgress:
 
     A resumed run starts an epoch in its middle.
     """
+    import tqdm  # pylint: disable=g-import-not-at-top  # Not where JAX alone is.
+
     first = (epoch - 1) * self._steps_per_epoch
     self._first = self._last = first if step is None else step
     self._bar = tqdm.tqdm(
