@@ -1,31 +1,20 @@
 """Classifies images of digits with the exported MNIST model.
 
-The model runs in one of three places:
-
   python predict.py --saved_model=$HOME/mnist/export/mnist 7.png 3.png
   python predict.py --server=localhost:8501 7.png     # TF Serving, REST
   python predict.py --grpc=localhost:8500 digits.npy  # TF Serving, gRPC
 
-A server behind TLS: `--server=https://HOST[:PORT]` (`http://` when no
-scheme is given), `--grpc=HOST:PORT --grpc_tls`. The server's certificate is
-verified with the system's CA certificates (REST) or gRPC's own (gRPC), or
-with those of `--ca_file=PEM` (a self-signed certificate is its own CA).
+Behind TLS: `--server=https://HOST[:PORT]`, `--grpc=HOST:PORT --grpc_tls`,
+verified with the system's CA certificates (REST), gRPC's own, or those of
+`--ca_file=PEM`. Inputs: images up to 4096x4096 pixels (what Pillow reads),
+prepared as training saw MNIST (grey, 28x28, in [0, 1]; `--invert` for dark
+ink on white), or `.npy` arrays of 28x28 images; with `--bytes`, the files
+as they are, which the `serving_bytes` signature prepares the same way.
 
-Inputs are PNG (or any image Pillow reads) files up to 4096x4096 pixels,
-grey or RGB, or `.npy` arrays of 28x28 images. Images are prepared as
-training saw MNIST: converted to grey, resized to 28x28, scaled from [0, 255]
-to [0, 1]. MNIST digits are white (255) on black (0); scans of dark ink on
-white paper need `--invert`. With `--bytes`, image files are sent as they are
-to the `serving_bytes` signature, which prepares them the same way in the
-model.
-
-One line per image: the input, the predicted digit and its probability (JSON
-lines with `--json`). An input that cannot be classified gets one line on
-stderr naming it and the cause; the others are still classified, and the exit
-status is 1. Where TF Serving cannot run the export, the line says why: a
-server started without XLA (TF Serving's default; the export's XlaCallModule
-ops need it) names the flag that turns it on, a server built on a TensorFlow
-older than 2.20 (which cannot read the export's StableHLO) says so.
+One line per image: the input, the digit and its probability (JSON lines
+with `--json`). An input that cannot be classified gets one line on stderr
+naming it and the cause (a server without XLA, or on a TensorFlow older
+than 2.20, among them); the others are still classified; exit status 1.
 """
 
 import os
@@ -44,13 +33,14 @@ import warnings
 
 from absl import app
 from absl import flags
-from serving import classifiers
 import numpy as np
 from PIL import Image
 from PIL import UnidentifiedImageError
-from serving.signatures import BOUND, BYTES_SIGNATURE, IMAGE_SIZE, MAX_PIXELS, MAX_SIDE
+from serving import classifiers
+from serving import signatures
 
 FLAGS = flags.FLAGS
+InputError = classifiers.InputError
 
 flags.DEFINE_string(
     'saved_model',
@@ -66,9 +56,7 @@ flags.DEFINE_string(
 )
 flags.DEFINE_string('grpc', None, 'TF Serving gRPC address, HOST:8500.')
 flags.DEFINE_bool(
-    'grpc_tls',
-    False,
-    "Connect to --grpc over TLS, verifying the server's certificate.",
+    'grpc_tls', False, 'Connect to --grpc over TLS, verifying its certificate.'
 )
 flags.DEFINE_string(
     'ca_file',
@@ -93,122 +81,102 @@ flags.DEFINE_bool('json', False, 'Print one JSON object per image.')
 flags.DEFINE_float('timeout', 10.0, 'Seconds to wait for a server.')
 
 
-# Inputs.
+def _cause(error: OSError) -> str:
+  return error.strerror or classifiers.one_line(error)
 
 
 def load_image(path: str, invert: bool = False) -> np.ndarray:
   """A `(1, 28, 28, 1)` float32 batch in [0, 1] from an image file.
 
-  Grey by ITU-R 601 luma (Pillow's 'L'), then resized with Pillow's bilinear
-  filter (a 28x28 image is left as it is), then divided by 255: on MNIST's
-  own images this gives exactly the training data. An image whose header
-  claims more pixels than the bound (serving_signatures.MAX_PIXELS) is
-  refused before it is decoded, as the bytes signature refuses it.
+  Grey by ITU-R 601 luma (Pillow's 'L'), resized with Pillow's bilinear
+  filter (a 28x28 image is left as it is), divided by 255: on MNIST's own
+  images, exactly the training data. An image whose header claims more than
+  the bound is refused before it is decoded, as the bytes signature does.
   """
+  bound = f'predict.py decodes {signatures.BOUND}'
   try:
-    # Pillow warns of sizes over its own bound, and refuses twice that.
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # Pillow warns of sizes over its bound.
       warnings.simplefilter('ignore', Image.DecompressionBombWarning)
       with Image.open(path) as image:
         width, height = image.size
-        if width * height > MAX_PIXELS or max(width, height) > MAX_SIDE:
-          raise classifiers.InputError(
-              f'the image is {width}x{height} pixels; predict.py decodes '
-              + BOUND
-          )
+        if (
+            width * height > signatures.MAX_PIXELS
+            or max(width, height) > signatures.MAX_SIDE
+        ):
+          raise InputError(f'the image is {width}x{height} pixels; {bound}')
         grey = image.convert('L')
-  except Image.DecompressionBombError:
-    raise classifiers.InputError(
-        f'the image claims over {2 * Image.MAX_IMAGE_PIXELS} pixels; '
-        f'predict.py decodes {BOUND}'
+  except Image.DecompressionBombError:  # Over twice Pillow's bound.
+    pixels = 2 * Image.MAX_IMAGE_PIXELS
+    raise InputError(
+        f'the image claims over {pixels} pixels; {bound}'
     ) from None
   except UnidentifiedImageError:
-    raise classifiers.InputError('not an image that Pillow can read') from None
+    raise InputError('not an image that Pillow can read') from None
   except OSError as e:
-    raise classifiers.InputError(
-        e.strerror or classifiers.one_line(e)
-    ) from None
-  if grey.size != (IMAGE_SIZE, IMAGE_SIZE):
-    grey = grey.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BILINEAR)
+    raise InputError(_cause(e)) from None
+  size = (signatures.IMAGE_SIZE,) * 2
+  if grey.size != size:
+    grey = grey.resize(size, Image.Resampling.BILINEAR)
   pixels = np.asarray(grey, np.float32) / 255.0
-  if invert:
-    pixels = 1.0 - pixels
-  return pixels.reshape(1, IMAGE_SIZE, IMAGE_SIZE, 1)
+  return (1.0 - pixels if invert else pixels).reshape(1, *size, 1)
 
 
 def load_array(path: str) -> np.ndarray:
   """A `(n, 28, 28, 1)` float32 batch in [0, 1] from a `.npy` file.
 
-  The array holds one image `(28, 28)`, `(28, 28, 1)` or a batch `(n, 28, 28)`,
-  `(n, 28, 28, 1)`: uint8 in [0, 255] (as MNIST's files), or floats already
-  in [0, 1] (as training saw them).
+  One image `(28, 28[, 1])` or a batch `(n, 28, 28[, 1])`: uint8 in [0, 255]
+  (as MNIST's files), or floats in [0, 1] (as training saw them).
   """
   try:
     array = np.load(path, allow_pickle=False)
   except OSError as e:
-    raise classifiers.InputError(
-        e.strerror or classifiers.one_line(e)
-    ) from None
+    raise InputError(_cause(e)) from None
   except ValueError as e:
-    raise classifiers.InputError(
-        f'not a .npy array ({classifiers.one_line(e)})'
-    ) from None
+    raise InputError(f'not a .npy array ({classifiers.one_line(e)})') from None
   if not isinstance(array, np.ndarray):  # np.load opens .npz archives too.
     array.close()
-    raise classifiers.InputError('an .npz archive, not a .npy array')
+    raise InputError('an .npz archive, not a .npy array')
   shape = array.shape
   if shape[-1:] == (1,) and array.ndim in (3, 4):
     array = array[..., 0]
   if array.ndim == 2:
     array = array[None]
-  if array.ndim != 3 or array.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE):
-    raise classifiers.InputError(
+  if array.ndim != 3 or array.shape[1:] != (28, 28):
+    raise InputError(
         f'array of shape {shape}, expected (28, 28), (28, 28, 1), '
         '(n, 28, 28) or (n, 28, 28, 1)'
     )
   if array.shape[0] == 0:
-    raise classifiers.InputError(f'array of shape {shape} holds no image')
+    raise InputError(f'array of shape {shape} holds no image')
   if array.dtype == np.uint8:
     array = array.astype(np.float32) / 255.0
-  elif np.issubdtype(array.dtype, np.floating):
-    if not (np.all(array >= 0.0) and np.all(array <= 1.0)):
-      raise classifiers.InputError('float array with values outside [0, 1]')
-  else:
-    raise classifiers.InputError(
-        f'array of dtype {array.dtype}, expected uint8 or float'
-    )
+  elif not np.issubdtype(array.dtype, np.floating):
+    raise InputError(f'array of dtype {array.dtype}, expected uint8 or float')
+  elif not (np.all(array >= 0.0) and np.all(array <= 1.0)):
+    raise InputError('float array with values outside [0, 1]')
   return array.astype(np.float32)[..., None]
 
 
 def load_bytes(path: str) -> np.ndarray:
   """A batch of one encoded image: the file's bytes, for `serving_bytes`."""
   if path.endswith('.npy'):
-    raise classifiers.InputError(
-        'an array, not an encoded image: leave out --bytes'
-    )
+    raise InputError('an array, not an encoded image: leave out --bytes')
   try:
     with open(path, 'rb') as f:
       return np.array([f.read()], object)
   except OSError as e:
-    raise classifiers.InputError(
-        e.strerror or classifiers.one_line(e)
-    ) from None
+    raise InputError(_cause(e)) from None
 
 
-def load_input(
-    path: str, invert: bool = False, as_bytes: bool = False
-) -> np.ndarray:
+def load_input(path: str, invert=False, as_bytes=False) -> np.ndarray:
   """The batch in `path`: its bytes, an array if it ends in .npy, or an image."""
   if not os.path.exists(path):
-    raise classifiers.InputError('no such file')
+    raise InputError('no such file')
   if as_bytes:
     return load_bytes(path)
   if path.endswith('.npy'):
     return load_array(path)
   return load_image(path, invert)
-
-
-# The command.
 
 
 def classify(
@@ -222,56 +190,48 @@ def classify(
 ) -> int:
   """Prints the digit of every image in `paths`; returns the number of failures.
 
-  Every input is sent on its own, so that a bad one is named and the others
-  are still classified.
+  Each input is sent on its own: a bad one is named, the others classified.
   """
   failures = 0
   for path in paths:
     try:
       outputs = classifier(load_input(path, invert, as_bytes))
-    except classifiers.InputError as e:
+    except InputError as e:
       print(f'error: {path}: {e}', file=err)
       failures += 1
       continue
     many = len(outputs['probabilities']) > 1 or path.endswith('.npy')
-    for i, probabilities in enumerate(outputs['probabilities']):
+    for i, (probabilities, logits) in enumerate(
+        zip(outputs['probabilities'], outputs['logits'])
+    ):
       name = f'{path}[{i}]' if many else path
       digit = int(np.argmax(probabilities))
+      line = f'{name}: {digit} ({probabilities[digit]:.4f})'
       if as_json:
-        print(
-            json.dumps(
-                {
-                    'input': name,
-                    'digit': digit,
-                    'probability': float(probabilities[digit]),
-                    'probabilities': [float(p) for p in probabilities],
-                    'logits': [float(l) for l in outputs['logits'][i]],
-                }
-            ),
-            file=out,
+        line = json.dumps(
+            {
+                'input': name,
+                'digit': digit,
+                'probability': float(probabilities[digit]),
+                'probabilities': [float(p) for p in probabilities],
+                'logits': [float(l) for l in logits],
+            }
         )
-      else:
-        print(f'{name}: {digit} ({probabilities[digit]:.4f})', file=out)
+      print(line, file=out)
   return failures
 
 
 def make_classifier():
-  """The classifier that the flags name; classifiers.InputError names the flag at fault."""
-  signature = FLAGS.signature or (
-      BYTES_SIGNATURE if FLAGS.bytes else 'serving_default'
-  )
+  """The classifier that the flags name; InputError names the flag at fault."""
+  default = signatures.BYTES_SIGNATURE if FLAGS.bytes else 'serving_default'
+  signature = FLAGS.signature or default
   if FLAGS.saved_model:
     try:
       return classifiers.SavedModelClassifier(FLAGS.saved_model, signature)
-    except classifiers.InputError as e:
-      raise classifiers.InputError(
-          f'--saved_model={FLAGS.saved_model}: {e}'
-      ) from None
     except Exception as e:  # pylint: disable=broad-except
       # TensorFlow raises many kinds of error for a SavedModel it cannot load.
-      raise classifiers.InputError(
-          f'--saved_model={FLAGS.saved_model}: {classifiers.one_line(e)}'
-      ) from None
+      cause = classifiers.one_line(e)
+      raise InputError(f'--saved_model={FLAGS.saved_model}: {cause}') from None
   if FLAGS.server:
     return classifiers.RestClassifier(
         FLAGS.server, FLAGS.model_name, signature, FLAGS.timeout, FLAGS.ca_file
@@ -295,7 +255,7 @@ def main(argv):
     )
   try:
     classifier = make_classifier()
-  except classifiers.InputError as e:
+  except InputError as e:
     sys.exit(f'error: {e}')
   startup.imports_done()
   if classify(

@@ -1,13 +1,10 @@
 """MNIST example.
 
 Library file which executes the training and evaluation loop for MNIST.
-`train_and_evaluate` is the Flax example's loop: data, model, optimizer and
-metrics, then per epoch train, evaluate, log, summarise and checkpoint; then
-the export. The steps are the example's (`train_step`, `eval_step`), run
-many to a dispatch in a jitted `lax.scan` over the split NNX state, as
-Flax's performance guide does it. The model and its steps need JAX, Flax
-and optax alone: the run's plumbing, which needs TFDS, TensorFlow, clu and
-orbax, is imported by the functions that run it.
+The steps are the example's, run many to a dispatch in a jitted `lax.scan`
+over the split NNX state, as Flax's performance guide does it. They need
+JAX, Flax and optax alone: the run's plumbing, which needs TFDS, TensorFlow,
+clu and orbax, is imported by the functions that run it.
 """
 
 import contextlib
@@ -161,55 +158,49 @@ def create_metrics() -> nnx.MultiMetric:
 
 
 def train_epoch(
-    model,
-    optimizer,
-    metrics,
-    *,
+    objects,
     data,
     order,
     mesh,
     steps_per_call: int,
-    step: int = 0,
-    on_steps=lambda step: None,
+    step=0,
+    on_steps=None,
     stop=lambda: False,
 ) -> int:
-  """Trains on the batches `data[order[i]]` of this process's share of data.
+  """Trains `objects` (model, optimizer, metrics) on the batches `data[order]`.
 
-  `order` holds `(steps, batch / process count)` indices into `data`; each
-  process passes its own, and every step trains on the union of their
-  batches. `step` is the run's global step at `order[0]`. After each
-  dispatch of `steps_per_call` steps, its losses are checked (a NaN would
-  spread silently through the rest of the run), `on_steps(step)` reports
-  the global step reached, and `stop()` says whether to stop there (on any
-  process: all stop at the same step). Waiting for each dispatch makes the
-  reports true (JAX dispatches asynchronously), at a millisecond a call.
-
-  Returns:
-    The global step reached: `step + len(order)`, or less if stopped.
+  `order` holds `(steps, batch / process count)` indices into this
+  process's share of the data; every step trains on the union of the
+  processes' batches. `step` is the run's global step at `order[0]`. After
+  each dispatch of `steps_per_call` steps its losses are checked (a NaN
+  would spread silently), `on_steps(step)` reports the global step reached
+  and `stop()` says whether to stop there (on any process: all stop at
+  the same step). Returns the global step reached.
 
   Raises:
     NonFiniteLoss: for the first step whose loss was NaN or infinite; the
       objects then hold the state after its dispatch.
   """
-  model.train()
-  graphdef, state = nnx.split((model, optimizer, metrics))
+  objects[0].train()
+  graphdef, state = nnx.split(objects)
   done = 0
   try:
     while done < len(order):
       chunk = order[done : done + steps_per_call]
-      batches = parallel.global_batches(
-          mesh, {k: v[chunk] for k, v in data.items()}
+      batches = {k: v[chunk] for k, v in data.items()}
+      state, losses = train_steps(
+          graphdef, mesh, state, parallel.global_batches(mesh, batches)
       )
-      state, losses = train_steps(graphdef, mesh, state, batches)
-      bad = np.flatnonzero(~np.isfinite(losses))
+      bad = np.flatnonzero(~np.isfinite(losses))  # Waits for the dispatch.
       if bad.size:
         raise NonFiniteLoss(step + done + int(bad[0]), float(losses[bad[0]]))
       done += len(chunk)
-      on_steps(step + done)
-      if parallel.any_process(stop()):
+      if on_steps:
+        on_steps(step + done)
+      if stop and parallel.any_process(stop()):
         break
   finally:
-    nnx.update((model, optimizer, metrics), state)
+    nnx.update(objects, state)
   return step + done
 
 
@@ -286,24 +277,18 @@ def train_and_evaluate(
   Resumes from `workdir`'s newest checkpoint; `stop()`, asked after each
   dispatch of steps, ends the run there with a checkpoint (`Stopped`).
   """
-  # pylint: disable-next=g-import-not-at-top
-  import input_pipeline  # TFDS
-  from run import checkpoints  # pylint: disable=g-import-not-at-top  # orbax
-  from run import summaries  # pylint: disable=g-import-not-at-top  # clu, TF
+  # pylint: disable=g-import-not-at-top
+  import input_pipeline  # TFDS.
+  from run import checkpoints, summaries  # orbax; clu and TensorFlow.
 
   saved = checkpoints.checked_manager(config, workdir)
   mesh = parallel.create_mesh()
   with progress.timed('data'):
-    train_data, test_data = input_pipeline.load(config)
-  steps_per_epoch = input_pipeline.steps_per_epoch(config, train_data)
-  test_batches = parallel.global_batches(
-      mesh,
-      parallel.process_share(
-          input_pipeline.eval_batches(test_data, config.eval_batch_size)
-      ),
-  )
+    data, test_data = input_pipeline.load(config)
+  steps_per_epoch = input_pipeline.steps_per_epoch(config, data)
+  test_batches = input_pipeline.eval_batches(test_data, config.eval_batch_size)
+  test_batches = parallel.global_batches(mesh, test_batches, whole=True)
 
-  logging.info('Matmul precision: %s.', cpu_layers.matmul_precision(config))
   model = create_model(config, cpu_layers.for_config(config))
   optimizer = create_optimizer(model, config, steps_per_epoch)
   metrics = create_metrics()
@@ -312,27 +297,16 @@ def train_and_evaluate(
   nnx.update(objects, parallel.replicate(nnx.state(objects), mesh))
   writer = summaries.create_writer(workdir, config, nnx.state(model, nnx.Param))
   report = progress.EpochProgress.create(config, steps_per_epoch, writer)
-  save = progress.timed('checkpoint')(
-      functools.partial(
-          checkpoints.save, saved, config, steps_per_epoch, objects
-      )
-  )
+  rate = learning_rate(config, steps_per_epoch)
+  save = functools.partial(checkpoints.save, saved, config, steps_per_epoch)
+  save = progress.timed('checkpoint')(functools.partial(save, objects))
 
   for epoch in range(step // steps_per_epoch + 1, config.num_epochs + 1):
+    order = input_pipeline.epoch_rest(config, step, steps_per_epoch, data)
     report.start(epoch, step)
     with _nan_as_error(config, saved, steps_per_epoch), progress.timed('train'):
-      order = input_pipeline.epoch_rest(
-          config, step, steps_per_epoch, train_data
-      )
       step = train_epoch(
-          *objects,
-          data=train_data,
-          order=order,
-          mesh=mesh,
-          steps_per_call=config.steps_per_call,
-          step=step,
-          on_steps=report,
-          stop=stop,
+          objects, data, order, mesh, config.steps_per_call, step, report, stop
       )
     report.end()
     if step < epoch * steps_per_epoch:  # Stopped within the epoch.
@@ -342,17 +316,11 @@ def train_and_evaluate(
       test, predicted = evaluate(model, metrics, test_batches)
     summary.update({f'test_{k}': v for k, v in test.items()})
     logging.info('%s', format_epoch(epoch, summary))
+    scalars = {**summary, 'train_images_per_sec': report.images_per_sec}
     last = epoch == config.num_epochs
     with progress.timed('summaries'):
       summaries.write_epoch(
-          writer,
-          epoch,
-          {**summary, 'train_images_per_sec': report.images_per_sec},
-          test_data,
-          predicted,
-          learning_rate(config, steps_per_epoch),
-          step,
-          last,
+          writer, epoch, scalars, test_data, predicted, rate, step, last
       )
     if parallel.any_process(stop()) and not last:
       raise _stopped(saved, save(step, summary))

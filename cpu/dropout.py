@@ -1,10 +1,9 @@
 """`nnx.Dropout` with its mask drawn from 8 or 16 random bits an element.
 
-JAX draws 32 random bits for each element of a mask; dropout needs far
-fewer: a rate of 0.025 is kept to within 0.1% by 16 (63,898 of 65,536
-values keep), 0.5 exactly by 8. `NarrowDropout` packs 2 or 4 draws into each
-32-bit word of JAX's threefry: another random stream, the same distribution.
-Its state is `nnx.Dropout`'s, so a checkpoint restores into either.
+JAX draws 32 bits for each element of a mask; 16 keep at 0.975 to within
+0.1% (63,898 of 65,536 values), 8 at 0.5 exactly. Packing 2 or 4 draws in
+each word of JAX's threefry draws fewer: another random stream, the same
+distribution, and `nnx.Dropout`'s state, so checkpoints restore into either.
 """
 
 import math
@@ -30,10 +29,10 @@ def narrow_keep_bits(keep: float) -> tuple[jnp.dtype, int] | None:
 
 
 def narrow_draws(key: jax.Array, shape, dtype) -> jax.Array:
-  """Uniform `dtype` draws of `shape`: chunk `j` of word `i` is draw `i + j * words`.
+  """Uniform `dtype` draws: chunk `j` of word `i` is draw `i + j * words`.
 
-  JAX's own narrow draws interleave the chunks (draw `i` from word `i //
-  2`), a transpose that XLA repeats in each fusion that reads the mask.
+  Not JAX's interleaved narrow draws: XLA repeats their transpose in each
+  fusion that reads the mask.
   """
   bits = jnp.iinfo(dtype).bits
   size = math.prod(shape)
@@ -44,11 +43,11 @@ def narrow_draws(key: jax.Array, shape, dtype) -> jax.Array:
 
 
 class NarrowDropout(nnx.Dropout):
-  """`nnx.Dropout`, its mask from `narrow_draws`, its kept inputs scaled exactly.
+  """`nnx.Dropout`, its mask from `narrow_draws`.
 
-  Kept inputs are divided by the rate the threshold keeps, so the
-  expectation is exact. A broadcast mask, a key passed in, or a rate that no
-  width fits draws as `nnx.Dropout` does.
+  Kept inputs are divided by the rate the threshold keeps: the expectation
+  is exact. A broadcast mask, a key passed in, or a rate that no width
+  fits draws as `nnx.Dropout` does.
   """
 
   def __call__(self, inputs, *, deterministic=None, rngs=None):

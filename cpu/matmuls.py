@@ -1,14 +1,12 @@
-"""Convolutions trained as matmuls (im2col), and bf16 matmuls, for the CPU.
+"""Kernels for Flax's layers on a CPU: convolutions as matmuls, bf16 matmuls.
 
-Flax's layers take their kernels as construction arguments: `nnx.Conv`'s
-`conv_general_dilated`, `nnx.Linear`'s `dot_general`. These are kernels for
-them (cpu/layers.py picks them). XLA's CPU backend runs the transposed
-convolutions of a convolution's gradients slowly, above all inside
-`lax.scan` where training runs; as matmuls, the same sums run fast. On CPUs
-that multiply bf16 natively (AMX, avx512_bf16), bf16 operands with float32
-results, forward and backward, as a TPU's default precision. A convolution
-or product that these do not cover (strides, dilations, groups, other
-paddings or layouts) is computed by `lax`, as stock Flax computes it.
+`nnx.Conv` takes `conv_general_dilated`, `nnx.Linear` `dot_general`, when
+built (cpu/layers.py). XLA's CPU backend runs a convolution's transposed
+gradients slowly, above all inside `lax.scan`; as matmuls (im2col) the same
+sums run fast. bf16 operands with float32 results, forward and backward, as
+a TPU's default precision, where the CPU multiplies bf16 natively. What
+they do not cover (strides, dilations, groups, other paddings) `lax`
+computes, as stock Flax does.
 """
 
 import itertools
@@ -53,9 +51,8 @@ def _padded_rows(g, kh: int, kw: int) -> jax.Array:
 def _col2im(patch_grads, shape, kh: int, kw: int) -> jax.Array:
   """The transpose of `_patches`: each tap's part added back where it read.
 
-  `patch_grads` has a row for each pixel of the output gradient padded by
-  `_padded_rows`: each tap's window is then a slice of it, summed in one
-  pass (padding the 64-channel gradient spares padding the 288-wide result).
+  A row of `patch_grads` a pixel of the output gradient padded by
+  `_padded_rows`: each tap's window is a slice of it, all summed in one pass.
   """
   b, h, w, c = shape
   taps = patch_grads.reshape(b, h + kh - 1, w + kw - 1, kh * kw, c)
@@ -68,11 +65,10 @@ def _col2im(patch_grads, shape, kh: int, kw: int) -> jax.Array:
 
 @jax.custom_vjp
 def conv_same(x, kernel):
-  """`_conv`, its gradients as matmuls: the patches times the output gradient.
+  """`_conv`, trained as matmuls: the patches give the forward pass (but for
+  one input channel: nine taps, not a matmul) and the kernel gradient.
 
-  Forward, the patches times the kernel (XLA's own convolution for one input
-  channel: nine taps, not a matmul); where no gradient is taken, as in
-  evaluation, `lax.conv_general_dilated` computes it.
+  Where no gradient is taken, as in evaluation, `_conv` computes it.
   """
   return _conv(x, kernel)
 
@@ -97,10 +93,9 @@ def _conv_same_bwd(residuals, g):
 conv_same.defvjp(_conv_same_fwd, _conv_same_bwd)
 
 # bf16 operands, float32 results. XLA gives YNNPACK's bf16 kernels only dots
-# with a float32 result whose left operand is contracted on its last axis
-# and right one on its first (xla/backends/cpu/ynn_support.cc); it converts
-# the others' operands to float32. So a transposed operand is a copy XLA
-# does not fold into the dot (`_transposed`), or built so.
+# with a float32 result whose left operand is contracted on its last axis,
+# the right on its first (xla/backends/cpu/ynn_support.cc), and converts the
+# others to float32: a transposed operand is a copy XLA does not fold.
 
 
 def _dot(a, b) -> jax.Array:
@@ -119,8 +114,7 @@ def _transposed(a) -> jax.Array:
 def matmul_bf16(a, b):
   """`a @ b` of float32 matrices from their bf16 roundings, a float32 result.
 
-  Its gradients too are bf16 products (plain `jax.grad` of a bf16 dot keeps
-  only the forward product in bf16).
+  Its gradients too (`jax.grad` of a bf16 dot keeps only the forward one).
   """
   return _matmul_bf16_fwd(a, b)[0]
 
@@ -142,8 +136,8 @@ matmul_bf16.defvjp(_matmul_bf16_fwd, _matmul_bf16_bwd)
 def _bf16_patches(x, kh: int, kw: int) -> jax.Array:
   """`_patches` of `x` rounded to bf16, moved as bits.
 
-  XLA's CPU backend moves bf16 through float32; uint16 bits it moves as they
-  are, and pairs of channels as uint32 words faster still.
+  XLA's CPU backend moves bf16 through float32, uint16 as it is, and pairs
+  of channels as uint32 words faster still.
   """
   b, h, w, c = x.shape
   if c % 2:
@@ -157,11 +151,10 @@ def _bf16_patches(x, kh: int, kw: int) -> jax.Array:
 
 
 def _bf16_kernel_gradient(x, g, kh: int, kw: int) -> jax.Array:
-  """`_bf16_patches(x).T @ g`, `g` bf16: a convolution's kernel gradient.
+  """`_bf16_patches(x).T @ g`, the kernel gradient, `g` bf16.
 
-  The transposed patches are built as windows of `x` transposed to (C, H, W,
-  B), pairs of images as uint32 words, not as a transposed copy of the
-  patches, which XLA's CPU backend moves slowly.
+  The transposed patches are windows of `x` transposed to (C, H, W, B),
+  pairs of images as uint32 words: a transposed copy moves slowly.
   """
   b, h, w, c = x.shape
   if b % 2:  # Pairs of images: one more, of zeros, adds nothing.
@@ -205,8 +198,6 @@ def _conv_same_bf16_bwd(residuals, g):
 
 
 conv_same_bf16.defvjp(_conv_same_bf16_fwd, _conv_same_bf16_bwd)
-
-# The kernels that Flax's layers take, falling back to `lax` beyond them.
 
 
 def _covered(lhs, rhs, window_strides, padding, **kwargs) -> bool:

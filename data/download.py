@@ -1,13 +1,10 @@
 """Downloads a data set's original files, each checked, for TFDS to prepare.
 
-TFDS' own download tries an address that does not answer for minutes
-(urllib3's ten retries with doubling back-off): offline, a run waited 213 s,
-then ended in a page of traceback. Here each file that TFDS registers for
-the data set (its address, size and SHA-256) is fetched once, with a
-timeout, checked against TFDS' size and SHA-256, and written under a
-temporary name that is renamed when whole, so a later run never trusts a
-half file; TFDS then prepares the data set from the directory, as from a
-manual one. A file already there and whole is not fetched again.
+TFDS' own download retries an address that does not answer for minutes
+(urllib3's ten retries, doubling back-off) and has no setting for it. Here
+each file TFDS registers is fetched once, with a timeout, checked against
+TFDS' size and SHA-256, and renamed into place when whole; TFDS then
+prepares the data set from the directory, as from a manual one.
 """
 
 import contextlib
@@ -18,30 +15,19 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-# Seconds to connect, and between two reads, before giving up on a server.
-TIMEOUT_SECS = 10
-_CHUNK = 1 << 20
+TIMEOUT_SECS = 10  # To connect, and between two reads.
 
 
 class DownloadError(Exception):
   """A file could not be fetched whole; the message is one line."""
 
 
-def source(url: str, mirror: str) -> str:
-  """Where to fetch TFDS' `url` from: `mirror` + its file name, if a mirror."""
-  if not mirror:
-    return url
-  name = os.path.basename(urllib.parse.urlparse(url).path)
-  return mirror.rstrip('/') + '/' + name
-
-
 @contextlib.contextmanager
 def whole_file(path: str):
   """A binary file to write that appears at `path` only if written whole.
 
-  It is written under a temporary name, renamed to `path` when the block
-  ends, and removed if the block raises (a SystemExit included), so a later
-  run never reads half of it.
+  Under a temporary name, renamed when the block ends, removed if it raises
+  (SystemExit too): a later run never reads half of it.
   """
   incomplete = f'{path}.{os.getpid()}.incomplete'
   try:
@@ -64,8 +50,8 @@ def _is_whole(path: str, info) -> bool:
 def fetch(url_infos: dict, directory: str, mirror: str = '') -> None:
   """Fetches each of TFDS' `url_infos` (address -> UrlInfo) into `directory`.
 
-  `mirror`: '' fetches from the addresses themselves, else from the
-  directory at this address, which holds the same file names.
+  From the addresses, or from the directory at `mirror`, which holds the
+  same file names. A file already there and whole is kept.
 
   Raises:
     DownloadError: naming the first file that could not be fetched whole.
@@ -73,8 +59,11 @@ def fetch(url_infos: dict, directory: str, mirror: str = '') -> None:
   os.makedirs(directory, exist_ok=True)
   for url, info in sorted(url_infos.items()):
     path = os.path.join(directory, info.filename)
+    if mirror:
+      name = os.path.basename(urllib.parse.urlparse(url).path)
+      url = mirror.rstrip('/') + '/' + name
     if not _is_whole(path, info):
-      _fetch_one(source(url, mirror), path, info)
+      _fetch_one(url, path, info)
 
 
 def _fetch_one(url: str, path: str, info) -> None:
@@ -83,7 +72,7 @@ def _fetch_one(url: str, path: str, info) -> None:
   try:
     with urllib.request.urlopen(url, timeout=TIMEOUT_SECS) as response:
       with whole_file(path) as f:
-        while chunk := response.read(_CHUNK):
+        while chunk := response.read(1 << 20):
           digest.update(chunk)
           size += len(chunk)
           f.write(chunk)
@@ -93,17 +82,11 @@ def _fetch_one(url: str, path: str, info) -> None:
               f'({int(info.size)} bytes, SHA-256 {info.checksum[:12]}...)'
           )
   except (OSError, http.client.HTTPException) as e:
-    raise DownloadError(f'cannot download {url} ({_cause(e)})') from None
-
-
-def _cause(error: Exception) -> str:
-  """A failed fetch's cause in one line.
-
-  A URLError's reason (a name that does not resolve, a timeout); an
-  HTTPError's own text, which has the status ('HTTP Error 404: Not Found').
-  """
-  if isinstance(error, urllib.error.URLError) and not isinstance(
-      error, urllib.error.HTTPError
-  ):
-    error = error.reason
-  return ' '.join(str(error).split()) or type(error).__name__
+    # A URLError's reason (a name that does not resolve, a timeout), or an
+    # HTTPError's text with its status ('HTTP Error 404: Not Found').
+    plain = isinstance(e, urllib.error.URLError)
+    cause = (
+        e.reason if plain and not isinstance(e, urllib.error.HTTPError) else e
+    )
+    cause = ' '.join(str(cause).split()) or type(cause).__name__
+    raise DownloadError(f'cannot download {url} ({cause})') from None

@@ -1,14 +1,9 @@
-"""The data sets' shared pieces, and the sources other than TFDS.
+"""The sources other than TFDS, and what every source shares.
 
-Every source reads a split as uint8 images and integer labels, which
-`to_arrays` makes `Arrays`: uint8 `(N, 28, 28, 1)` and int32 labels.
-Besides TFDS (input_pipeline.py), a split comes from:
-
-- `idx`: the four original `*-ubyte[.gz]` files, read with NumPy alone;
-- `hf`: Hugging Face `datasets`, from the Hub or offline from a
-  `save_to_disk` directory or parquet files;
-- `torchvision`: `torchvision.datasets.MNIST` (an optional extra: PyTorch),
-  in a process of its own.
+Each reads a split as uint8 images and integer labels, which `to_arrays`
+makes the same `Arrays`: `idx` the four original `*-ubyte[.gz]` files with
+NumPy alone; `hf` Hugging Face `datasets`, from the Hub or offline; and
+`torchvision` (an optional extra: PyTorch), in a process of its own.
 """
 
 import glob
@@ -21,33 +16,24 @@ import sys
 import tempfile
 import zlib
 
-from run import errors
-import ml_collections
 import numpy as np
+from run import errors
 
-# Environment variable naming the manual directory of MNIST when the config
-# does not (it holds MNIST's files: other data sets do not read it).
+# The manual directory of MNIST where the config names none (MNIST's own).
 MANUAL_DIR_ENV = 'MNIST_MANUAL_DIR'
-
-# The idx source's directory when config.manual_dir names none: Debian's
-# package dataset-fashion-mnist installs Fashion-MNIST's files here.
+# Where Debian's package dataset-fashion-mnist puts its files.
 DEFAULT_IDX_DIRS = {'fashion_mnist': '/usr/share/datasets/fashion-mnist'}
-
-# The data sets on the Hugging Face Hub, and their torchvision classes.
 HF_NAMES = {
     'mnist': 'ylecun/mnist',
     'fashion_mnist': 'zalando-datasets/fashion_mnist',
 }
 TORCHVISION_CLASSES = {'mnist': 'MNIST', 'fashion_mnist': 'FashionMNIST'}
-
 # The original files of each split: images, then labels.
 IDX_FILES = {
     'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
     'test': ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte'),
 }
-
-# A split or a batch: uint8 'image' (N, 28, 28, 1), int32 'label'.
-Arrays = dict[str, np.ndarray]
+Arrays = dict[str, np.ndarray]  # uint8 'image' (N, 28, 28, 1), int32 'label'.
 
 
 class DataError(errors.UserError):
@@ -57,10 +43,10 @@ class DataError(errors.UserError):
 def to_arrays(images, labels) -> Arrays:
   """uint8 images `(N, 28, 28[, 1])` and integer labels as `Arrays`."""
   images, labels = np.asarray(images), np.asarray(labels)
-  if images.dtype != np.uint8 or images.shape[1:] not in (
+  if images.dtype != np.uint8 or images.shape[1:] not in [
       (28, 28),
       (28, 28, 1),
-  ):
+  ]:
     raise DataError(
         f'expected uint8 images of 28x28 pixels, got {images.dtype} {images.shape}'
     )
@@ -72,7 +58,7 @@ def to_arrays(images, labels) -> Arrays:
   }
 
 
-def named_manual_dir(config: ml_collections.ConfigDict) -> str:
+def named_manual_dir(config) -> str:
   """config.manual_dir, else $MNIST_MANUAL_DIR for MNIST, else ''."""
   named = config.manual_dir
   if not named and config.dataset == 'mnist':
@@ -83,8 +69,8 @@ def named_manual_dir(config: ml_collections.ConfigDict) -> str:
 def read_idx(path: str, ndim: int) -> np.ndarray:
   """One IDX file of unsigned bytes (gzipped or not), its header checked.
 
-  IDX: a big-endian magic number 0x0800 + ndim (0x08 for unsigned bytes),
-  ndim big-endian 32-bit sizes, then the bytes, row-major.
+  A big-endian magic number 0x0800 + ndim, ndim big-endian 32-bit sizes,
+  then the bytes.
   """
   try:
     with (gzip.open if path.endswith('.gz') else open)(path, 'rb') as f:
@@ -109,20 +95,14 @@ def read_idx(path: str, ndim: int) -> np.ndarray:
   return np.frombuffer(data, np.uint8, offset=header).reshape(shape)
 
 
-def idx_dir(config: ml_collections.ConfigDict) -> str:
-  """The directory of the original files: the manual directory, or a default."""
+def from_idx(config, split: str) -> Arrays:
+  """`split` ('train' or 'test') from the original files, `*-ubyte[.gz]`."""
   directory = named_manual_dir(config) or DEFAULT_IDX_DIRS.get(config.dataset)
   if not directory:
     raise DataError(
         f'no directory of the original {config.dataset} files: set '
         f'config.manual_dir or ${MANUAL_DIR_ENV}'
     )
-  return directory
-
-
-def from_idx(config: ml_collections.ConfigDict, split: str) -> Arrays:
-  """`split` ('train' or 'test') from the original files, `*-ubyte[.gz]`."""
-  directory = idx_dir(config)
   arrays = []
   for name, ndim in zip(IDX_FILES[split], (3, 1)):
     paths = [os.path.join(directory, name + ext) for ext in ('.gz', '')]
@@ -136,10 +116,8 @@ def from_idx(config: ml_collections.ConfigDict, split: str) -> Arrays:
 def hf_arrays(dataset) -> Arrays:
   """A Hugging Face `Dataset` of 'image' and 'label' as `Arrays`.
 
-  In NumPy format the whole column is one array read: an `Array2D` image
-  column straight from Arrow, an `Image` column (PNG bytes, as on the Hub)
-  decoded in one call. uint8 asks the formatter not to widen the pixels to
-  int64 first.
+  In NumPy format a column is one array read (PNGs decoded in one call);
+  uint8 keeps the formatter from widening the pixels to int64 first.
   """
   data = dataset.with_format(
       'numpy', columns=['image', 'label'], dtype=np.uint8
@@ -147,12 +125,12 @@ def hf_arrays(dataset) -> Arrays:
   return to_arrays(data['image'], data['label'])
 
 
-def from_hf(config: ml_collections.ConfigDict, split: str) -> Arrays:
+def from_hf(config, split: str) -> Arrays:
   """`split` from Hugging Face datasets.
 
-  `config.data_dir` is a `save_to_disk` directory, or a directory of parquet
-  files named `<split>-*.parquet` (as in a copy of the Hub's repository);
-  empty, `load_dataset` reads the Hub (or its cache, offline).
+  `config.data_dir`: a `save_to_disk` directory, or one of
+  `<split>-*.parquet` files (a copy of the Hub's repository); empty, the
+  Hub (or its cache, offline).
   """
   try:
     import datasets  # pylint: disable=g-import-not-at-top
@@ -179,9 +157,8 @@ def from_hf(config: ml_collections.ConfigDict, split: str) -> Arrays:
   return hf_arrays(datasets.Dataset(parquet.read_table(files)))
 
 
-# torchvision imports triton (through torch._dynamo), and importing triton
-# after TensorFlow aborts the process: both bring their own LLVM. So
-# torchvision reads the files in a process of its own, without TensorFlow.
+# torchvision imports triton, which aborts a process that imported
+# TensorFlow (each brings its own LLVM): it reads in a process of its own.
 # argv: root, dataset class, split, output .npz.
 _TORCHVISION_READER = """
 import sys
@@ -196,12 +173,11 @@ np.savez(out, images=dataset.data.numpy(), labels=dataset.targets.numpy())
 """
 
 
-def from_torchvision(config: ml_collections.ConfigDict, split: str) -> Arrays:
-  """`split` from torchvision, reading the dataset's `.data` and `.targets`.
+def from_torchvision(config, split: str) -> Arrays:
+  """`split` from torchvision's `.data` and `.targets`.
 
-  torchvision is optional (it brings PyTorch): the `torchvision` extra.
-  `config.data_dir` is its root ('' is ~/torchvision_datasets); torchvision
-  downloads the files into `<root>/MNIST/raw` unless they are there.
+  `config.data_dir` is its root ('' is ~/torchvision_datasets), where it
+  downloads the files unless they are there.
   """
   if importlib.util.find_spec('torchvision') is None:
     raise DataError(

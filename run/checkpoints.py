@@ -1,63 +1,52 @@
 """Checkpoints of a training run, with orbax-checkpoint.
 
-A checkpoint is the state of the model (its dropout RNG included), of the
-optimizer and of the running training metrics, and a JSON item: the global
-step, the epoch, the config and the last epoch's summary. The data order needs
-nothing more: it is a function of the seed and the epoch (see
-`input_pipeline.epoch_order`), and the step says where in it to go on.
-
-Orbax writes each checkpoint in a temporary directory and renames it when it
-is complete, so a checkpoint cut short by a killed process is never listed.
-
-Before a run starts, its workdir's newest readable checkpoint must fit the
-config (`checked_manager`); a checkpoint that cannot be restored (a file
-truncated or lost) is moved aside and the run resumes from the newest one
-that restores (`resume`).
+A checkpoint is the state of the model (its dropout streams included), of
+the optimizer and of the training metrics, and a JSON item: the step, the
+epoch, the config and the last epoch's summary. The data order needs no
+more: it is a function of the seed and the epoch. Orbax renames a
+checkpoint into place when it is whole, so a killed run's is never listed.
+Before a run, the newest readable checkpoint must fit the config; one that
+cannot be restored (a file truncated or lost) is moved aside and the run
+resumes from the newest that restores.
 """
 
 import json
 import re
 
 from absl import logging
-from run import config_checks
-from run import progress
 from etils import epath
 from flax import nnx
-import ml_collections
 import orbax.checkpoint as ocp
+from run import config_checks
+from run import progress
 from run import workdirs
+
+# Item names; 'metrics' is one that CheckpointManager reserves.
+ITEMS = {'model': 'model', 'optimizer': 'optimizer', 'metrics': 'train_metrics'}
 
 
 def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
-  """The checkpoints of `workdir`, keeping the `keep` most recent.
+  """The checkpoints of `workdir`, the `keep` most recent kept.
 
-  The directory is created by the first save, not before.
-
-  Saving is synchronous: a checkpoint of this model takes a fraction of a
-  second, and the training step donates the buffers that an asynchronous
-  save would still be reading.
+  Saved synchronously: a checkpoint of this model takes a fraction of a
+  second, and the training step donates the buffers an asynchronous save
+  would still be reading. The directory comes with the first save.
   """
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=keep, create=False, enable_async_checkpointing=False
+  )
   return ocp.CheckpointManager(
-      workdirs.checkpoints_dir(workdir),
-      options=ocp.CheckpointManagerOptions(
-          max_to_keep=keep, create=False, enable_async_checkpointing=False
-      ),
+      workdirs.checkpoints_dir(workdir), options=options
   )
 
 
-def save(
-    checkpoints, config, steps_per_epoch: int, objects, step: int, summary
-):
-  """Saves the `(model, optimizer, metrics)` of global `step` and its JSON item.
-
-  The JSON item: the step, its epoch, the steps per epoch, the config and
-  the last epoch's `summary`. Returns the step's position, for the user.
+def save(saved, config, steps_per_epoch: int, objects, step: int, summary):
+  """Saves `(model, optimizer, metrics)` at `step`; returns its position.
 
   Raises:
     WorkdirError: the checkpoint could not be written (a full disk, a
       directory made read-only); the checkpoints before it are kept.
   """
-  model, optimizer, metrics = objects
   meta = {
       'step': step,
       'epoch': step // steps_per_epoch,
@@ -66,77 +55,63 @@ def save(
       'summary': summary,
   }
   at = progress.position(step, steps_per_epoch)
+  items = {
+      ITEMS[name]: ocp.args.StandardSave(nnx.state(obj))
+      for name, obj in zip(ITEMS, objects)
+  }
   try:
-    checkpoints.save(
-        step,
-        args=ocp.args.Composite(
-            model=ocp.args.StandardSave(nnx.state(model)),
-            optimizer=ocp.args.StandardSave(nnx.state(optimizer)),
-            # 'metrics' is a name that CheckpointManager reserves.
-            train_metrics=ocp.args.StandardSave(nnx.state(metrics)),
-            meta=ocp.args.JsonSave(meta),
-        ),
+    saved.save(
+        step, args=ocp.args.Composite(**items, meta=ocp.args.JsonSave(meta))
     )
   except Exception as e:  # pylint: disable=broad-except
     # Orbax and TensorStore raise many kinds of error for a failed write.
-    kept = checkpoints.latest_step()
+    kept = saved.latest_step()
     kept = f'the checkpoint of step {kept}' if kept else 'no checkpoint'
     raise workdirs.WorkdirError(
-        f'cannot write the checkpoint ({at}) in {checkpoints.directory} '
+        f'cannot write the checkpoint ({at}) in {saved.directory} '
         f'({_cause(e)}); {kept} is kept: free space or make it writable, then '
         'rerun the same command to resume'
     ) from e
-  logging.info('Saved a checkpoint (%s) in %s.', at, checkpoints.directory)
+  logging.info('Saved a checkpoint (%s) in %s.', at, saved.directory)
   return at
 
 
-def read_meta(checkpoints, step: int) -> dict:
+def read_meta(saved, step: int) -> dict:
   """The JSON item of the checkpoint of `step`."""
-  return checkpoints.restore(
-      step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
-  ).meta
+  args = ocp.args.Composite(meta=ocp.args.JsonRestore())
+  return saved.restore(step, args=args).meta
 
 
-def restore(checkpoints, step: int, **objects) -> None:
-  """Puts the state of checkpoint `step` into `objects` (model=..., optimizer=...).
+def restore(saved, step: int, **objects) -> None:
+  """Puts the state of checkpoint `step` into `objects` (model=..., ...).
 
   Only the items named are read: an export needs the model alone.
   """
-  names = {'metrics': 'train_metrics'}
-  restored = checkpoints.restore(
-      step,
-      args=ocp.args.Composite(
-          **{
-              names.get(name, name): ocp.args.StandardRestore(nnx.state(obj))
-              for name, obj in objects.items()
-          }
-      ),
-  )
+  items = {
+      ITEMS[name]: ocp.args.StandardRestore(nnx.state(obj))
+      for name, obj in objects.items()
+  }
+  restored = saved.restore(step, args=ocp.args.Composite(**items))
   for name, obj in objects.items():
-    nnx.update(obj, restored[names.get(name, name)])
+    nnx.update(obj, restored[ITEMS[name]])
 
 
-def config_differences(
-    saved: dict, config: ml_collections.ConfigDict
-) -> list[str]:
+def config_differences(saved: dict, config) -> list[str]:
   """'field saved -> now' for each field that a resumed run may not change.
 
-  `saved` is the config as the checkpoint's JSON holds it, so `config` goes
-  through JSON too (tuples become lists there).
+  `config` goes through JSON, as the checkpoint's (tuples become lists).
   """
   now = json.loads(json.dumps(config.to_dict()))
-  show = (
-      lambda values, field: repr(values[field]) if field in values else 'absent'
-  )
+  show = lambda values, f: repr(values[f]) if f in values else 'absent'
   return [
-      f'{field} {show(saved, field)} -> {show(now, field)}'
-      for field in sorted(saved.keys() | now.keys())
-      if field not in config_checks.RESUMABLE
-      and (field in saved, saved.get(field)) != (field in now, now.get(field))
+      f'{f} {show(saved, f)} -> {show(now, f)}'
+      for f in sorted(saved.keys() | now.keys())
+      if f not in config_checks.RESUMABLE
+      and (f in saved, saved.get(f)) != (f in now, now.get(f))
   ]
 
 
-def _check_fits(meta: dict, config, directory: str, training: bool) -> None:
+def _check_fits(meta: dict, config, directory, training: bool) -> None:
   """Raises WorkdirError if the checkpoint of `meta` cannot go on as `config`."""
   at = progress.position(meta['step'], meta['steps_per_epoch'])
   start_afresh = f'use a new --workdir or move {directory} away'
@@ -155,10 +130,9 @@ def _check_fits(meta: dict, config, directory: str, training: bool) -> None:
 
 
 def _cause(error: Exception) -> str:
-  """The gist of an orbax or TensorStore error, in a few words.
+  """The gist of an orbax or TensorStore error, whose text runs to pages.
 
-  Their messages run to hundreds of characters of paths and specs; a system
-  error's own words ('File too large') come before '[os_error_code=...]'.
+  A system error's own words ('File too large') precede '[os_error_code'.
   """
   text = str(error)
   system = re.search(r'([^:]+?) \[os_error_code', text)
@@ -171,18 +145,14 @@ def _cause(error: Exception) -> str:
 def restore_newest(saved, config, training: bool, **objects):
   """Restores the newest checkpoint that restores and fits `config`.
 
-  Orbax raises many kinds of error for a checkpoint with a file truncated or
-  missing; each such checkpoint is skipped, with a warning when `objects`
-  are restored (a scan of the JSON items alone, `checked_manager`, precedes
-  a restore that warns: once is enough).
-
-  Returns:
-    The JSON item of the checkpoint restored (None if there is none), and
-    the steps of the damaged ones newer than it.
+  A checkpoint that orbax cannot read is skipped, with a warning when
+  `objects` are restored (the scan of `checked_manager` reads the JSON items
+  alone, and warns not). Returns its JSON item (None if there is no
+  checkpoint) and the steps of the damaged ones newer than it.
 
   Raises:
-    WorkdirError: there are checkpoints and none restores, or the newest that
-      does is of another config or (`training`) past `config.num_epochs`.
+    WorkdirError: no checkpoint restores, or the newest that does is of
+      another config or (`training`) past `config.num_epochs`.
   """
   damaged = []
   for step in sorted(saved.all_steps(), reverse=True):
@@ -191,6 +161,7 @@ def restore_newest(saved, config, training: bool, **objects):
       _check_fits(meta, config, saved.directory, training)
       if objects:
         restore(saved, step, **objects)
+      return meta, [s for s, _ in damaged]
     except workdirs.WorkdirError:
       raise
     except Exception as e:  # pylint: disable=broad-except
@@ -202,8 +173,6 @@ def restore_newest(saved, config, training: bool, **objects):
             _cause(e),
         )
       damaged.append((step, e))
-      continue
-    return meta, [s for s, _ in damaged]
   if damaged:
     raise workdirs.WorkdirError(
         f'no checkpoint in {saved.directory} can be restored (the newest, of '
@@ -213,56 +182,34 @@ def restore_newest(saved, config, training: bool, **objects):
   return None, []
 
 
-def checked_manager(
-    config: ml_collections.ConfigDict, workdir: str
-) -> ocp.CheckpointManager:
-  """The checkpoints of `workdir`, once the newest readable one fits `config`.
-
-  Raises:
-    WorkdirError: no checkpoint can be read, or the newest that can is of a
-      config that differs in a field that matters, or is past
-      `config.num_epochs`.
-  """
+def checked_manager(config, workdir: str) -> ocp.CheckpointManager:
+  """The checkpoints of `workdir`, once the newest readable one fits `config`."""
   saved = manager(workdir, config.checkpoints_to_keep)
   restore_newest(saved, config, True)
   return saved
 
 
-def resume(checkpoints, config, model, optimizer, metrics):
+def resume(saved, config, model, optimizer, metrics):
   """The global step and summary to go on from; restores the objects.
 
-  A fresh run goes on from step 0, with no summary yet. Checkpoints newer
-  than the one restored cannot be: they are moved to `<workdir>/
-  damaged_checkpoints/`, out of the way of the steps the run saves again.
+  A fresh run goes on from step 0. Checkpoints newer than the one restored
+  cannot be: they are moved to `<workdir>/damaged_checkpoints/`, out of the
+  way of the steps the run saves again.
   """
-  meta, damaged = restore_newest(
-      checkpoints,
-      config,
-      True,
-      model=model,
-      optimizer=optimizer,
-      metrics=metrics,
-  )
+  objects = dict(model=model, optimizer=optimizer, metrics=metrics)
+  meta, damaged = restore_newest(saved, config, True, **objects)
   for step in damaged:
-    _move_aside(checkpoints, step)
+    moved = workdirs.damaged_checkpoint_dir(str(saved.directory.parent), step)
+    epath.Path(moved).parent.mkdir(parents=True, exist_ok=True)
+    (saved.directory / str(step)).rename(moved)
+    logging.warning(
+        'Moved the checkpoint of step %d, which cannot be restored, to %s.',
+        step,
+        moved,
+    )
+    saved.reload()
   if meta is None:
     return 0, None
-  logging.info(
-      'Resuming from the checkpoint (%s) in %s.',
-      progress.position(meta['step'], meta['steps_per_epoch']),
-      checkpoints.directory,
-  )
+  at = progress.position(meta['step'], meta['steps_per_epoch'])
+  logging.info('Resuming from the checkpoint (%s) in %s.', at, saved.directory)
   return meta['step'], meta['summary']
-
-
-def _move_aside(checkpoints, step: int) -> None:
-  directory = checkpoints.directory  # <workdir>/checkpoints, an epath.Path
-  damaged = workdirs.damaged_checkpoint_dir(str(directory.parent), step)
-  epath.Path(damaged).parent.mkdir(parents=True, exist_ok=True)
-  (directory / str(step)).rename(damaged)
-  logging.warning(
-      'Moved the checkpoint of step %d, which cannot be restored, to %s.',
-      step,
-      damaged,
-  )
-  checkpoints.reload()

@@ -44,29 +44,24 @@ def replicate(tree, mesh: jax.sharding.Mesh):
   return jax.tree.map(put, tree)
 
 
-def global_batches(mesh: jax.sharding.Mesh, local: dict[str, np.ndarray]):
-  """Global arrays `(steps, global batch, ...)` from this process's share.
+def global_batches(mesh: jax.sharding.Mesh, batches, whole: bool = False):
+  """Global arrays `(steps, global batch, ...)` of this process's batches.
 
-  `local` holds this process's `(steps, global batch / process count, ...)`
-  part of each batch; the batch axis (1) is split over the mesh's devices.
+  `batches` holds this process's `(steps, global batch / process count,
+  ...)` part of each batch, or, if `whole`, the whole batches, which every
+  process holds, of which each takes its part. The batch axis (1) is split
+  over the mesh's devices.
   """
   sharding = NamedSharding(mesh, P(None, AXIS))
+  n, i = jax.process_count(), jax.process_index()
 
   def make(x):
-    shape = (x.shape[0], x.shape[1] * jax.process_count(), *x.shape[2:])
+    if whole:
+      x = x[:, i * (x.shape[1] // n) : (i + 1) * (x.shape[1] // n)]
+    shape = (x.shape[0], x.shape[1] * n, *x.shape[2:])
     return jax.make_array_from_process_local_data(sharding, x, shape)
 
-  return jax.tree.map(make, local)
-
-
-def process_share(tree):
-  """This process's part of the batch axis (1) of arrays every process holds."""
-
-  def share(x):
-    size = x.shape[1] // jax.process_count()
-    return x[:, jax.process_index() * size : (jax.process_index() + 1) * size]
-
-  return jax.tree.map(share, tree)
+  return jax.tree.map(make, batches)
 
 
 def local_copy(tree):

@@ -1,23 +1,14 @@
 """What a command does before its imports, and about the libraries' noise.
 
-Each entry point calls `begin(sys.argv)` first, in its `__main__` block,
-before the imports that take seconds (JAX, TensorFlow):
-
-- `--config` is loaded as ml_collections' `config_flags` will load it: a
-  mistake in the file is one line, before JAX starts or anything is
-  written (`--verbosity=1` shows the traceback);
-- TensorFlow's C++ start-up lines (oneDNN's, printed before absl's logging
-  is set up) and gRPC's INFO lines are held back, unless `-v 1`;
-- for training (`training=True`), SIGTERM and Ctrl-C are taken
-  (run/stop_signals.py), so that a stop during the imports is prompt, and
-  the garbage collector is off while the imports make half a million
-  objects that live until exit: walked again and again, they free nothing.
-  `imports_done` freezes them, out of every later collection, and turns
-  the collector back on.
-
-`parse_flags` and `QuietLibraries` keep the run's output to its own lines:
-a config field that does not exist is one, and what orbax and TensorFlow
-narrate, or log again of a failure the run names, is dropped.
+Every entry point calls `begin(sys.argv)` first, before the imports that
+take seconds (JAX, TensorFlow): a bad `--config` is then one line before
+JAX starts or anything is written; TensorFlow's C++ start-up lines
+(oneDNN's, printed before absl's logging is set up) and gRPC's INFO lines
+are held back unless `-v 1`. For training, SIGTERM and Ctrl-C are taken
+first (run/stop_signals.py), and the garbage collector is off while the
+imports make half a million objects that live until exit, which it would
+walk again and again for nothing: `imports_done` freezes them and turns it
+back on.
 """
 
 import asyncio
@@ -27,12 +18,11 @@ import inspect
 import logging
 import os
 import sys
-from typing import Sequence
 
 from absl import flags
 
 
-def _flags(argv: Sequence[str]) -> flags.FlagValues:
+def _flags(argv) -> flags.FlagValues:
   """`--config` and `--verbosity` from `argv`, parsed by absl (flagfiles too)."""
   parser = flags.FlagValues()
   flags.DEFINE_string('config', None, '', flag_values=parser)
@@ -44,7 +34,7 @@ def _flags(argv: Sequence[str]) -> flags.FlagValues:
   return parser
 
 
-def verbosity(argv: Sequence[str]) -> int:
+def verbosity(argv) -> int:
   """absl's `--verbosity` (`-v`) in `argv`, before app.run; 0 if not a number."""
   return _flags(argv).verbosity
 
@@ -54,35 +44,32 @@ class ConfigFileError(Exception):
 
 
 def load_config(path: str):
-  """The config of `--config=path`: `get_config()` of the file, or raises.
+  """`get_config()` of `--config=path` ('file.py' or 'file.py:argument').
 
-  ConfigFileError where the file or its `get_config` is missing or cannot
-  take the argument; whatever the file's code raises, as it raises it.
+  As ml_collections' config_flags loads it. Raises ConfigFileError where the
+  file or its `get_config` is missing or cannot take the argument, and
+  whatever the file's code raises.
   """
   file, colon, argument = path.partition(':')
   arguments = (argument,) if colon else ()
   if not os.path.isfile(file):
-    raise ConfigFileError(
-        'not a file' if os.path.exists(file) else 'no such file'
-    )
+    exists = os.path.exists(file)
+    raise ConfigFileError('not a file' if exists else 'no such file')
   spec = importlib.util.spec_from_file_location('config_file', file)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   get_config = getattr(module, 'get_config', None)
   if not callable(get_config):
     raise ConfigFileError('it defines no get_config()')
-  signature = inspect.signature(get_config).replace(
-      return_annotation=inspect.Signature.empty
-  )
+  signature = inspect.signature(get_config)
+  signature = signature.replace(return_annotation=signature.empty)
   try:
     signature.bind(*arguments)
   except TypeError:
-    if colon:
-      raise ConfigFileError(
-          f'its get_config{signature} cannot take the argument {argument!r}'
-      ) from None
     raise ConfigFileError(
-        f'its get_config{signature} needs an argument: --config={file}:...'
+        f'its get_config{signature} cannot take the argument {argument!r}'
+        if colon
+        else f'its get_config{signature} needs an argument: --config={file}:...'
     ) from None
   config = get_config(*arguments)
   if config is None:
@@ -90,18 +77,7 @@ def load_config(path: str):
   return config
 
 
-def _cause(error: Exception) -> str:
-  if isinstance(error, ConfigFileError):
-    return str(error)
-  if isinstance(error, SyntaxError):
-    return f'not valid Python: {error.msg} (line {error.lineno})'
-  cause = ' '.join(str(error).split())
-  return f'loading it raised {type(error).__name__}' + (
-      f': {cause}' if cause else ''
-  )
-
-
-def check_config(argv: Sequence[str]) -> None:
+def check_config(argv) -> None:
   """Exits with one line if `--config` names a config that cannot be had."""
   parsed = _flags(argv)
   if parsed.config is None:
@@ -111,27 +87,30 @@ def check_config(argv: Sequence[str]) -> None:
   except Exception as e:  # pylint: disable=broad-except
     if parsed.verbosity >= 1:
       raise
-    sys.exit(f'error: --config={parsed.config}: {_cause(e)}')
+    if isinstance(e, SyntaxError):
+      cause = f'not valid Python: {e.msg} (line {e.lineno})'
+    elif isinstance(e, ConfigFileError):
+      cause = str(e)
+    else:
+      cause = f'loading it raised {type(e).__name__}'
+      cause += f': {" ".join(str(e).split())}' if str(e) else ''
+    sys.exit(f'error: --config={parsed.config}: {cause}')
 
 
-def quiet(argv: Sequence[str], tensorflow_log_level: int = 1) -> None:
-  """TensorFlow's oneDNN and C++ log lines off, gRPC's to errors, unless -v 1.
+def quiet(argv, tensorflow_log_level: int = 1) -> None:
+  """TensorFlow's oneDNN and C++ log lines off, gRPC's but errors, unless -v 1.
 
-  TensorFlow reads its variables once, as it loads; a variable the user set
-  is left as it is. Level 1 hides TensorFlow's INFO lines (JAX's own
-  default), 2 its WARNING lines too.
+  TensorFlow reads these as it loads; what the user set stays. Level 1
+  hides TensorFlow's INFO lines (JAX's own default), 2 its warnings too.
   """
-  if verbosity(argv) >= 1:
-    return
-  os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', str(tensorflow_log_level))
-  os.environ.setdefault('GRPC_VERBOSITY', 'ERROR')
+  if verbosity(argv) < 1:
+    os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
+    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', str(tensorflow_log_level))
+    os.environ.setdefault('GRPC_VERBOSITY', 'ERROR')
 
 
-def begin(
-    argv: Sequence[str], training: bool = False, tensorflow_log_level: int = 1
-) -> None:
-  """What a command does first, before its imports (see the docstring)."""
+def begin(argv, training: bool = False, tensorflow_log_level: int = 1) -> None:
+  """What a command does first, before its imports (see above)."""
   check_config(argv)
   quiet(argv, tensorflow_log_level)
   if training:
@@ -148,21 +127,35 @@ def imports_done() -> None:
 
 
 def hide_gpus() -> None:
-  """Imports TensorFlow and hides the GPUs from it: their memory is JAX's.
+  """Imports TensorFlow (seconds: not before a run needs it), GPUs hidden.
 
-  TensorFlow would otherwise reserve most of a GPU's memory at its first
-  operation (a summary, TFDS' decoding, the export); the import takes
-  seconds, so not before a run needs it.
+  TensorFlow would reserve most of a GPU's memory, JAX's, at its first
+  operation (a summary, TFDS' decoding, the export).
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   tf.config.experimental.set_visible_devices([], 'GPU')
 
 
+def configure_jax(compilation_cache_dir: str) -> None:
+  """JAX's persistent compilation cache in the directory, unless '' or set.
+
+  JAX keeps what took 1 s to compile; the run's many small computations
+  (initialisers, metrics, the schedule) take 10-700 ms each: kept too.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  if compilation_cache_dir and not jax.config.jax_compilation_cache_dir:
+    cache = os.path.expanduser(compilation_cache_dir)
+    jax.config.update('jax_compilation_cache_dir', cache)
+    if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
+      jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing; a config field that does not exist is one line.
 
-  config_flags reports it as an AttributeError whose text suggests the field
+  config_flags reports it as an AttributeError that suggests the field
   meant; absl would print it with a traceback.
   """
   from absl import app  # pylint: disable=g-import-not-at-top
@@ -182,30 +175,25 @@ def parse_flags(argv: list[str]) -> list[str]:
 class QuietLibraries(logging.Filter):
   """Drops what orbax and TensorFlow log that the run says better itself.
 
-  Their INFO records narrate their work (a checkpoint or a SavedModel saved
-  is dozens of lines); the run logs one of its own. When a write fails,
-  orbax's and clu's threads and their asyncio loops log the error with its
-  traceback, several times; the run ends with one line naming it. Other
-  warnings and errors pass.
+  Their INFO records narrate a checkpoint or a SavedModel in dozens of
+  lines; the run logs one. A failed write's traceback, logged again and
+  again by orbax's and clu's threads and their asyncio loops, the run names
+  in its one line. Other warnings and errors pass.
   """
 
   def __init__(self):
     super().__init__()
     top = lambda name: os.path.dirname(importlib.util.find_spec(name).origin)
-    orbax = os.path.join(top('orbax.checkpoint'), '..')
-    self._dirs = tuple(
-        os.path.normpath(d) + os.sep for d in (orbax, top('tensorflow'))
-    )
-    self._threads_dirs = tuple(
-        os.path.normpath(d) + os.sep
-        for d in (orbax, os.path.dirname(asyncio.__file__), top('clu'))
-    )
+    orbax = os.path.dirname(top('orbax.checkpoint')) + os.sep
+    self._dirs = (orbax, top('tensorflow') + os.sep)
+    self._thread_dirs = (orbax, top('clu') + os.sep)
+    self._thread_dirs += (os.path.dirname(asyncio.__file__) + os.sep,)
 
   def filter(self, record) -> bool:
     if record.levelno <= logging.INFO:
       return not record.pathname.startswith(self._dirs)
     return not (
-        record.exc_info and record.pathname.startswith(self._threads_dirs)
+        record.exc_info and record.pathname.startswith(self._thread_dirs)
     )
 
 
@@ -213,9 +201,8 @@ def quiet_logs(signals) -> None:
   """QuietLibraries on absl's handler; dropped errors' reports as DEBUG lines.
 
   After a failed checkpoint write, TensorStore's callbacks into orbax's
-  closed event loop fail a dozen times, each reported with a traceback,
-  where the run's one line says what happened. `signals` is the process's
-  StopSignals, which takes those reports first.
+  closed event loop fail a dozen times, each reported with a traceback.
+  `signals`, the process's StopSignals, takes those reports first.
   """
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
 
@@ -223,19 +210,3 @@ def quiet_logs(signals) -> None:
   signals.report_unraisable = lambda unraisable: absl_logging.debug(
       'Ignored in %r: %r', unraisable.object, unraisable.exc_value
   )
-
-
-def configure_jax(compilation_cache_dir: str) -> None:
-  """JAX's persistent compilation cache in the directory, unless '' or set.
-
-  JAX keeps only what took 1 s to compile; the run's many small
-  computations (initialisers, metrics, the schedule) take 10-700 ms each, 4
-  s in all: kept too.
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-
-  if compilation_cache_dir and not jax.config.jax_compilation_cache_dir:
-    cache = os.path.expanduser(compilation_cache_dir)
-    jax.config.update('jax_compilation_cache_dir', cache)
-    if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
-      jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)

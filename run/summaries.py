@@ -1,124 +1,90 @@
-"""TensorBoard summaries: the writer, the images and texts, reading them back.
+"""TensorBoard summaries: clu's writer, the images and texts, read back.
 
 `create_writer` gives the run's clu metric writer, which leaves out what an
-interrupted run already wrote. clu's writers write with TensorFlow, which
-takes seconds to import: it is imported when a writer is created or event
-files are read, not with this module. The images (mistakes, confusion
-matrix) are drawn here as uint8 RGB arrays (matplotlib draws into an Agg
-canvas of its own: no display, no pyplot state) and written through that
-writer, like the scalars; train.py calls the `write_*` functions.
-`read_scalars`, `read_images` and `read_texts` read a workdir's event files
-back, for plot.py, the benchmark and the tests.
+interrupted run already wrote; `write_epoch` writes an epoch's scalars and
+its images (the mistakes, and after the last epoch the confusion matrix),
+drawn as uint8 RGB arrays. `read_scalars`, `read_images` and `read_texts`
+read a workdir's event files back.
 """
 
 import contextlib
 import os
 import re
-import typing
 
 from clu import asynclib
-from run import errors
+from clu import metric_writers
 import jax
 from matplotlib import figure
 from matplotlib.backends import backend_agg
-import ml_collections
-import models
 import numpy as np
 from PIL import Image
 from PIL import ImageDraw
-
-if typing.TYPE_CHECKING:
-  from clu import metric_writers  # Imports TensorFlow.
+from run import errors
+import tensorflow as tf
 
 # The misclassified grid: GRID x GRID cells of a digit SCALE times its size,
-# a caption under each and a header line. Its size is the same every epoch,
-# however many mistakes, so that TensorBoard's step slider compares like
-# with like.
-GRID = 10
-SCALE = 3
-CAPTION = 16
-HEADER = 20
+# a caption under each, a header line. Its size is the same every epoch,
+# so that TensorBoard's step slider compares like with like.
+GRID, SCALE, CAPTION, HEADER = 10, 3, 16, 20
 
 
 class WriteError(errors.UserError):
   """Summaries could not be written; the message is one line for the user."""
 
-  @classmethod
-  def of(cls, error: Exception) -> 'WriteError':
-    """The error that the write's innermost cause (TensorFlow's) words."""
+
+@contextlib.contextmanager
+def _write_errors():
+  """What a failed write raises (clu's writer defers it) as a WriteError."""
+  try:
+    yield
+  except (asynclib.AsyncError, tf.errors.OpError, OSError) as e:
+    error = e
     while error.__cause__ is not None:  # clu's writer wraps it twice.
       error = error.__cause__
     text = getattr(error, 'message', None) or str(error)
     text = re.sub(r'\{\{[^}]*\}\}\s*', '', text).strip().splitlines()[0]
-    return cls(
+    raise WriteError(
         f'cannot write the summaries ({text}): free space or make the workdir '
         'writable, then rerun the same command to resume'
-    )
-
-
-@contextlib.contextmanager
-def _write_errors():
-  """Raises what a failed write raises, deferred by clu's writer, as WriteError."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  try:
-    yield
-  except (asynclib.AsyncError, tf.errors.OpError, OSError) as e:
-    raise WriteError.of(e) from e
+    ) from e
 
 
 class NewStepsWriter:
-  """A metric writer that writes each tag only past a given step.
+  """A metric writer that writes each tag only past the step it holds.
 
-  A resumed run repeats the steps after its checkpoint. Those that the
-  interrupted run summarised already (the same values: they are
-  deterministic) are not summarised twice. A write that fails (a full disk),
-  here or in the writer's thread, raises WriteError.
+  A resumed run repeats the steps after its checkpoint, which the
+  interrupted run may have summarised already (the same values).
   """
 
-  def __init__(
-      self, writer: 'metric_writers.MetricWriter', last: dict[str, int]
-  ):
+  def __init__(self, writer: metric_writers.MetricWriter, last: dict):
     self._writer, self._last = writer, last
 
-  def _new(self, step: int, values: dict) -> dict:
-    return {
-        k: v
-        for k, v in values.items()
-        if k not in self._last or step > self._last[k]
-    }
+  def _write(self, kind: str, step: int, values: dict) -> None:
+    new = {k: v for k, v in values.items() if step > self._last.get(k, -1)}
+    if new:
+      with _write_errors():
+        getattr(self._writer, f'write_{kind}')(step, new)
 
   def write_scalars(self, step: int, scalars: dict) -> None:
-    if new := self._new(step, scalars):
-      with _write_errors():
-        self._writer.write_scalars(step, new)
+    self._write('scalars', step, scalars)
 
   def write_images(self, step: int, images: dict) -> None:
-    if new := self._new(step, images):
-      with _write_errors():
-        self._writer.write_images(step, new)
+    self._write('images', step, images)
 
   def write_texts(self, step: int, texts: dict) -> None:
-    if new := self._new(step, texts):
-      with _write_errors():
-        self._writer.write_texts(step, new)
+    self._write('texts', step, texts)
 
   def flush(self) -> None:
     with _write_errors():
       self._writer.flush()
 
 
-def create_writer(
-    workdir: str, config: ml_collections.ConfigDict, params
-) -> NewStepsWriter:
-  """The writer of `workdir`'s summaries, the run's information written.
+def create_writer(workdir: str, config, params) -> NewStepsWriter:
+  """The writer of `workdir`'s summaries, with the run's information.
 
-  On a fresh start, the hyperparameters, the config and the number of
-  `params` (a pytree of the trained parameters); a resumed run has them.
-  Only process 0 writes event files; the others log.
+  A fresh run writes the hyperparameters, the config and the number of
+  `params` (a pytree). Only process 0 writes event files; the others log.
   """
-  from clu import metric_writers  # pylint: disable=g-import-not-at-top
-
   last = last_steps(workdir)
   writer = metric_writers.create_default_writer(
       workdir, just_logging=jax.process_index() > 0
@@ -130,45 +96,40 @@ def create_writer(
   return writer
 
 
-def misclassified_grid(
-    images: np.ndarray,
-    labels: np.ndarray,
-    predicted: np.ndarray,
-    title: str = '',
-) -> np.ndarray:
-  """The first GRID**2 test digits whose prediction is wrong, tiled.
+def write_run_info(writer, config, params) -> None:
+  """The config and the parameter count, as text (markdown in TensorBoard)."""
+  count = sum(x.size for x in jax.tree.leaves(params))
+  config = '```\n' + str(config) + '```'
+  writer.write_texts(
+      0, {'config': config, 'num_params': f'{count:,} parameters'}
+  )
 
-  Each digit is captioned with its predicted label (red) and its true label
-  (green). `images` are uint8, as `input_pipeline.load` returns them.
-  Returns a uint8 RGB array; cells without a mistake stay black.
+
+def misclassified_grid(
+    images, labels, predicted, title: str = ''
+) -> np.ndarray:
+  """The first GRID**2 test digits whose prediction is wrong, tiled, RGB.
+
+  Each captioned with its predicted label (red) and its true one (green).
   """
   wrong = np.flatnonzero(predicted != labels)
   size = images.shape[1] * SCALE
-  cell_h = size + CAPTION
-  grid = Image.new('RGB', (GRID * size, HEADER + GRID * cell_h))
+  grid = Image.new('RGB', (GRID * size, HEADER + GRID * (size + CAPTION)))
   draw = ImageDraw.Draw(grid)
-  draw.text(
-      (4, 4),
-      f'{title}{len(wrong)} of {len(labels)} misclassified',
-      fill='white',
-  )
+  header = f'{title}{len(wrong)} of {len(labels)} misclassified'
+  draw.text((4, 4), header, fill='white')
   for n, i in enumerate(wrong[: GRID * GRID]):
-    x, y = (n % GRID) * size, HEADER + (n // GRID) * cell_h
-    digit = (
-        images[i]
-        .reshape(images.shape[1:3])
-        .repeat(SCALE, axis=0)
-        .repeat(SCALE, axis=1)
-    )
+    x, y = (n % GRID) * size, HEADER + (n // GRID) * (size + CAPTION)
+    digit = images[i, ..., 0].repeat(SCALE, axis=0).repeat(SCALE, axis=1)
     grid.paste(Image.fromarray(digit).convert('RGB'), (x, y))
     draw.text((x + 4, y + size + 1), f'pred {predicted[i]}', fill=(255, 90, 90))
     draw.text((x + 46, y + size + 1), f'true {labels[i]}', fill=(90, 220, 90))
   return np.asarray(grid)
 
 
-def confusion_matrix(labels: np.ndarray, predicted: np.ndarray) -> np.ndarray:
-  """Counts `(true, predicted)` of the model's classes."""
-  matrix = np.zeros((models.NUM_CLASSES,) * 2, np.int64)
+def confusion_matrix(labels, predicted, classes: int = 10) -> np.ndarray:
+  """Counts `(true, predicted)`."""
+  matrix = np.zeros((classes, classes), np.int64)
   np.add.at(matrix, (labels, predicted), 1)
   return matrix
 
@@ -177,69 +138,32 @@ def confusion_matrix_image(matrix: np.ndarray, title: str = '') -> np.ndarray:
   """The confusion matrix drawn with its counts, as a uint8 RGB array.
 
   Colours follow log(1 + count): on a linear scale the diagonal's thousands
-  would hide the off-diagonal mistakes, which are what the picture is for.
+  would hide the mistakes, which are what the picture is for.
   """
   fig = figure.Figure(figsize=(6, 6), dpi=100)
-  canvas = backend_agg.FigureCanvasAgg(fig)
+  canvas = backend_agg.FigureCanvasAgg(fig)  # No display, no pyplot state.
   ax = fig.add_subplot()
   ax.imshow(np.log1p(matrix), cmap='Blues')
   threshold = np.log1p(matrix).max() / 2
   for (true, pred), count in np.ndenumerate(matrix):
-    ax.text(
-        pred,
-        true,
-        str(count),
-        ha='center',
-        va='center',
-        fontsize=8,
-        color='white' if np.log1p(count) > threshold else 'black',
-    )
+    color = 'white' if np.log1p(count) > threshold else 'black'
+    ax.text(pred, true, count, ha='center', va='center', size=8, color=color)
   ticks = range(len(matrix))
-  ax.set(
-      xticks=ticks, yticks=ticks, xlabel='predicted', ylabel='true', title=title
-  )
+  ax.set(xticks=ticks, yticks=ticks, xlabel='predicted', ylabel='true')
+  ax.set_title(title)
   fig.tight_layout()
   canvas.draw()
   return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
-def write_run_info(
-    writer: 'metric_writers.MetricWriter',
-    config: ml_collections.ConfigDict,
-    params,
-) -> None:
-  """The config and the parameter count, as text (markdown in TensorBoard).
-
-  `params` is a pytree of the trained parameters (not BatchNorm statistics).
-  """
-  count = sum(x.size for x in jax.tree.leaves(params))
-  writer.write_texts(
-      0,
-      {
-          'config': '```\n' + str(config) + '```',
-          'num_params': f'{count:,} parameters',
-      },
-  )
-
-
 def write_epoch(
-    writer: 'metric_writers.MetricWriter',
-    epoch: int,
-    scalars: dict[str, float],
-    test: dict[str, np.ndarray],
-    predicted: np.ndarray,
-    learning_rate,
-    steps_done: int,
-    last: bool,
+    writer, epoch, scalars, test, predicted, learning_rate, steps_done, last
 ) -> None:
   """All of an epoch's summaries, flushed, before the epoch's checkpoint.
 
-  A run killed between the two repeats the epoch, and the writer leaves out
-  what is already written.
-
-  Its `scalars`; its misclassified test digits; its learning rate (that of
-  its last step) if it is scheduled, since a constant rate is among the
-  hyperparameters already; after the `last` epoch, the confusion matrix.
+  Its `scalars`, its misclassified test digits, its learning rate (that of
+  its last step) where it is scheduled (a constant one is a hyperparameter),
+  and after the `last` epoch the confusion matrix.
   """
   writer.write_scalars(epoch, scalars)
   grid = misclassified_grid(
@@ -247,34 +171,30 @@ def write_epoch(
   )
   writer.write_images(epoch, {'misclassified': grid[None]})
   if callable(learning_rate):
-    writer.write_scalars(
-        epoch, {'learning_rate': float(learning_rate(steps_done - 1))}
-    )
+    rate = float(learning_rate(steps_done - 1))
+    writer.write_scalars(epoch, {'learning_rate': rate})
   if last:
-    matrix = confusion_matrix_image(
-        confusion_matrix(test['label'], predicted),
-        title=f'test set after epoch {epoch}',
-    )
-    writer.write_images(epoch, {'confusion_matrix': matrix[None]})
+    matrix = confusion_matrix(test['label'], predicted)
+    image = confusion_matrix_image(matrix, f'test set after epoch {epoch}')
+    writer.write_images(epoch, {'confusion_matrix': image[None]})
   writer.flush()
 
 
 def _events(workdir: str):
-  """(step, wall time, summary value, its tensor) of each value in the events.
+  """(step, wall time, summary value, its tensor) of each value, in order.
 
-  Those of `workdir`, the tensor as an array. A killed run may leave its last
-  record unfinished: what precedes it is read.
+  A killed run may leave its last record unfinished: what precedes it is
+  read.
   """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
   pattern = os.path.join(workdir, 'events.out.tfevents.*')
   for path in sorted(tf.io.gfile.glob(pattern)):
     try:
       for record in tf.data.TFRecordDataset(path):
         event = tf.compat.v1.Event.FromString(record.numpy())
         for value in event.summary.value:
-          tensor = tf.make_ndarray(value.tensor)
-          yield event.step, event.wall_time, value, tensor
+          yield event.step, event.wall_time, value, tf.make_ndarray(
+              value.tensor
+          )
     except tf.errors.DataLossError:
       pass
 
@@ -297,11 +217,7 @@ def read_scalars(workdir: str) -> dict[str, dict[int, tuple[float, float]]]:
 
 
 def read_images(workdir: str) -> dict[str, dict[int, bytes]]:
-  """tag -> step -> encoded PNG of the image summaries in `workdir`.
-
-  An image summary holds width, height, then one encoded image per image
-  written; these summaries hold one.
-  """
+  """tag -> step -> the PNG of the image summaries (width, height, PNG)."""
   images = {}
   for step, _, value, tensor in _events(workdir):
     if value.metadata.plugin_data.plugin_name == 'images':

@@ -1,11 +1,11 @@
 """The model behind predict.py: in TensorFlow, or behind TF Serving.
 
 Each classifier takes a batch (float images, or encoded ones as an object
-array of bytes) and returns its 'probabilities' and 'logits', (n,
-NUM_CLASSES) NumPy arrays, or raises InputError with the cause in one
-line: the model's refusal, a server that does not answer or answers an
-error, a certificate that does not verify. TensorFlow (and gRPC) are
-imported only by the classifier that needs them: REST needs neither.
+array of bytes) and returns its 'probabilities' and 'logits', `(n, 10)`
+NumPy arrays, or raises InputError with the cause in one line: the model's
+refusal, a server that does not answer or answers an error, a certificate
+that does not verify. Only the classifier that needs TensorFlow or gRPC
+imports them: REST needs neither.
 """
 
 import base64
@@ -24,15 +24,13 @@ class InputError(Exception):
   """An input cannot be classified; the message is the cause, in one line."""
 
 
-def one_line(text: str) -> str:
-  """`text` with its whitespace runs, newlines included, as single spaces."""
+def one_line(text) -> str:
   return ' '.join(str(text).split())
 
 
 # What TensorFlow says when it cannot run the export's XlaCallModule ops, and
 # what to do about it. TF Serving turns XLA off unless told otherwise; TF 2.19
-# runs XlaCallModule up to version 9 and cannot read the StableHLO of JAX 0.10
-# at any, so the export needs TF 2.20.
+# cannot read the StableHLO of JAX 0.10, so the export needs TF 2.20.
 CAUSES = (
     (
         re.compile(r'XLA compilation disabled'),
@@ -51,17 +49,14 @@ CAUSES = (
 )
 
 
-def _tensorflow_error(message: str) -> str:
-  """The cause in a TensorFlow error message, without its graph locations.
+def _tensorflow_error(message) -> str:
+  """The cause in a TensorFlow error message, and what to do about it.
 
-  Its last line that is not indented: TensorFlow puts the node (`[[...]]`)
-  and the stack of the op's definition around it. A cause in CAUSES gets
-  what to do about it.
+  Its last line that is not indented (the node and the op's stack are), an
+  assertion's own words (the bytes signature's bound), a remedy of CAUSES.
   """
   lines = [l for l in str(message).splitlines() if l and not l[0].isspace()]
   cause = one_line(lines[-1] if lines else message)
-  # The graph's own checks (the bytes signature's bound on an image's size)
-  # fail as `assertion failed: [<what>]`: the what is the cause.
   cause = re.sub(r'^assertion failed: \[(.*)\]$', r'\1', cause)
   for pattern, remedy in CAUSES:
     if pattern.search(str(message)):
@@ -86,6 +81,13 @@ def find_saved_model(directory: str) -> str:
   return os.path.join(directory, str(max(versions)))
 
 
+def _checked(outputs: dict, n: int, address: str) -> dict[str, np.ndarray]:
+  """A server's logits and probabilities, if they score the `n` images."""
+  if any(v.shape != (n, NUM_CLASSES) for v in outputs.values()):
+    raise InputError(f'server {address} answered with {n} images not scored')
+  return outputs
+
+
 class SavedModelClassifier:
   """Runs a signature of the SavedModel in this process, with TensorFlow only."""
 
@@ -93,26 +95,25 @@ class SavedModelClassifier:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
     self._tf = tf
-    loaded = tf.saved_model.load(find_saved_model(directory))
-    if signature not in loaded.signatures:
+    self._loaded = tf.saved_model.load(find_saved_model(directory))
+    if signature not in self._loaded.signatures:
       raise InputError(
-          f'no signature {signature!r} (it has {", ".join(loaded.signatures)})'
+          f'no signature {signature!r} (it has '
+          f'{", ".join(self._loaded.signatures)})'
       )
-    self._loaded = loaded  # Holds the variables the signature reads.
-    self._function = loaded.signatures[signature]
+    self._function = self._loaded.signatures[signature]
     (self._input_name,) = self._function.structured_input_signature[1]
 
   def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
-    errors = self._tf.errors
     try:
       outputs = self._function(**{self._input_name: self._tf.constant(images)})
-    except errors.OpError as e:
+    except self._tf.errors.OpError as e:
       if any(pattern.search(str(e)) for pattern, _ in CAUSES):
         raise InputError(
             f'TensorFlow {self._tf.__version__} cannot run the model: '
             f'{_tensorflow_error(e)}'
         ) from None
-      if not isinstance(e, errors.InvalidArgumentError):
+      if not isinstance(e, self._tf.errors.InvalidArgumentError):
         raise
       raise InputError(
           f'the model refused it: {_tensorflow_error(e)}'
@@ -127,9 +128,8 @@ class SavedModelClassifier:
 def rest_request(images: np.ndarray, signature: str) -> dict:
   """The body of TF Serving's REST predict request, in its row format.
 
-  https://www.tensorflow.org/tfx/serving/api_rest#request_format_2
   Encoded images go as base64 in {"b64": ...}, TF Serving's form for binary
-  strings, one per instance: the bytes signature has that one input.
+  strings (https://www.tensorflow.org/tfx/serving/api_rest).
   """
   if images.dtype == object:
     instances = [{'b64': base64.b64encode(data).decode()} for data in images]
@@ -163,28 +163,17 @@ def _certificate_error(address: str, reason: str) -> InputError:
 class RestClassifier:
   """POSTs to TF Serving's REST API: /v1/models/<model>:predict."""
 
-  def __init__(
-      self,
-      address: str,
-      model_name: str,
-      signature: str,
-      timeout: float,
-      ca_file: str | None = None,
-  ):
-    self.address = address
+  def __init__(self, address, model_name, signature, timeout, ca_file=None):
+    self.address, self.signature, self.timeout = address, signature, timeout
     self.url = f'{rest_url(address)}/v1/models/{model_name}:predict'
-    self.signature = signature
-    self.timeout = timeout
-    self._context = (
-        _tls_context(ca_file) if self.url.startswith('https://') else None
-    )
+    https = self.url.startswith('https://')
+    self._context = _tls_context(ca_file) if https else None
 
   def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
     request = urllib.request.Request(
         self.url,
         data=json.dumps(rest_request(images, self.signature)).encode(),
         headers={'Content-Type': 'application/json'},
-        method='POST',
     )
     try:
       with urllib.request.urlopen(
@@ -192,8 +181,12 @@ class RestClassifier:
       ) as response:
         body = json.loads(response.read())
     except urllib.error.HTTPError as e:
+      try:
+        cause = _tensorflow_error(json.loads(e.read())['error'])
+      except (ValueError, KeyError, TypeError, OSError):
+        cause = one_line(e.reason)
       raise InputError(
-          f'server {self.address} answered {e.code}: {_rest_error(e)}'
+          f'server {self.address} answered {e.code}: {cause}'
       ) from None
     except (urllib.error.URLError, OSError) as e:
       reason = getattr(e, 'reason', e)
@@ -204,56 +197,34 @@ class RestClassifier:
       ) from None
     except json.JSONDecodeError:
       raise InputError(f'server {self.address} answered with no JSON') from None
-    return _rest_outputs(body, len(images), self.address)
-
-
-def _rest_error(error: urllib.error.HTTPError) -> str:
-  """TF Serving's {"error": ...} message, else the HTTP reason."""
-  try:
-    return _tensorflow_error(json.loads(error.read())['error'])
-  except (ValueError, KeyError, TypeError, OSError):
-    return one_line(error.reason)
-
-
-def _rest_outputs(body, n: int, address: str) -> dict[str, np.ndarray]:
-  """The named outputs of a row-format response: a list of n objects."""
-  rows = body.get('predictions') if isinstance(body, dict) else None
-  try:
-    outputs = {
-        k: np.array([row[k] for row in rows], np.float32)
-        for k in ('probabilities', 'logits')
-    }
-  except (TypeError, KeyError, ValueError):
-    raise InputError(
-        f'server {address} answered without predictions of logits and '
-        'probabilities'
-    ) from None
-  if any(v.shape != (n, NUM_CLASSES) for v in outputs.values()):
-    raise InputError(f'server {address} answered with {n} images not scored')
-  return outputs
+    rows = body.get('predictions') if isinstance(body, dict) else None
+    try:
+      outputs = {
+          k: np.array([row[k] for row in rows], np.float32)
+          for k in ('probabilities', 'logits')
+      }
+    except (TypeError, KeyError, ValueError):
+      raise InputError(
+          f'server {self.address} answered without predictions of logits '
+          'and probabilities'
+      ) from None
+    return _checked(outputs, len(images), self.address)
 
 
 class GrpcClassifier:
   """Calls TF Serving's gRPC PredictionService.Predict."""
 
   def __init__(
-      self,
-      address: str,
-      model_name: str,
-      signature: str,
-      timeout: float,
-      tls: bool = False,
-      ca_file: str | None = None,
+      self, address, model_name, signature, timeout, tls=False, ca_file=None
   ):
-    import grpc  # pylint: disable=g-import-not-at-top
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=g-import-not-at-top
+    # pylint: disable=g-import-not-at-top
+    import grpc
+    import tensorflow as tf
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
 
     self._grpc, self._tf = grpc, tf
-    self.address = address
-    self.model_name = model_name
-    self.signature = signature
-    self.timeout = timeout
+    self.address, self.model_name = address, model_name
+    self.signature, self.timeout = signature, timeout
     if tls:
       root_certificates = None  # gRPC's own.
       if ca_file:
@@ -261,36 +232,30 @@ class GrpcClassifier:
         with open(ca_file, 'rb') as f:
           root_certificates = f.read()
       credentials = grpc.ssl_channel_credentials(root_certificates)
-      self._channel = grpc.secure_channel(address, credentials)
+      channel = grpc.secure_channel(address, credentials)
     else:
-      self._channel = grpc.insecure_channel(address)
-    self._stub = prediction_service_pb2_grpc.PredictionServiceStub(
-        self._channel
-    )
+      channel = grpc.insecure_channel(address)
+    self._stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
 
   def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
     request = grpc_request(images, self.model_name, self.signature)
     try:
       response = self._stub.Predict(request, timeout=self.timeout)
     except self._grpc.RpcError as e:
-      code = e.code()
+      code, details = e.code(), e.details() or ''
       # gRPC's message of a failed handshake ends in BoringSSL's reason.
-      verify_failed = re.search(
-          r'CERTIFICATE_VERIFY_FAILED: (.*?)(: OK)?$', e.details() or ''
-      )
-      if verify_failed:
-        raise _certificate_error(self.address, verify_failed.group(1)) from None
-      if code in (
-          self._grpc.StatusCode.UNAVAILABLE,
-          self._grpc.StatusCode.DEADLINE_EXCEEDED,
-      ):
+      failed = re.search(r'CERTIFICATE_VERIFY_FAILED: (.*?)(: OK)?$', details)
+      if failed:
+        raise _certificate_error(self.address, failed.group(1)) from None
+      codes = self._grpc.StatusCode
+      if code in (codes.UNAVAILABLE, codes.DEADLINE_EXCEEDED):
         raise InputError(
             f'server {self.address} does not answer ({code.name}: '
-            f'{one_line(e.details())})'
+            f'{one_line(details)})'
         ) from None
       raise InputError(
           f'server {self.address} answered {code.name}: '
-          f'{_tensorflow_error(e.details())}'
+          f'{_tensorflow_error(details)}'
       ) from None
     try:
       outputs = {
@@ -301,24 +266,22 @@ class GrpcClassifier:
       raise InputError(
           f'server {self.address} answered without logits and probabilities'
       ) from None
-    if any(v.shape != (len(images), NUM_CLASSES) for v in outputs.values()):
-      raise InputError(
-          f'server {self.address} answered with {len(images)} images not scored'
-      )
-    return outputs
+    return _checked(outputs, len(images), self.address)
 
 
 def grpc_request(images: np.ndarray, model_name: str, signature: str):
   """TF Serving's PredictRequest: the batch as the signature's named input."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tensorflow_serving.apis import predict_pb2  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  from tensorflow_serving.apis import predict_pb2
 
   request = predict_pb2.PredictRequest()
   request.model_spec.name = model_name
   request.model_spec.signature_name = signature
-  if images.dtype == object:
-    name, dtype = BYTES_INPUT_NAME, tf.string
-  else:
-    name, dtype = INPUT_NAME, tf.float32
+  name, dtype = (
+      (BYTES_INPUT_NAME, tf.string)
+      if images.dtype == object
+      else (INPUT_NAME, tf.float32)
+  )
   request.inputs[name].CopyFrom(tf.make_tensor_proto(images, dtype=dtype))
   return request

@@ -1,18 +1,13 @@
 """Turns encoded images into the model's input, inside the SavedModel's graph.
 
-The export's `serving_bytes` signature takes PNG, JPEG, GIF, BMP or WebP bytes,
-so that a client needs neither NumPy nor Pillow. Its graph prepares them as
-`predict.load_image` does with Pillow, to the same pixel values: grey by
-Pillow's integer ITU-R 601 luma, resized to 28x28 by Pillow's bilinear filter
-(its fixed-point arithmetic, the horizontal pass first), divided by 255.
-TensorFlow's own `rgb_to_grayscale` and `resize` differ from Pillow's by a
-grey level here and there, which would change the logits. Images are 8-bit.
-
-Before an image is decoded, the size that its header claims is checked
-against `serving_signatures.MAX_PIXELS` and `MAX_SIDE`: a few hundred bytes
-can claim 20000x20000 pixels, which TensorFlow's decoders would fill in
-(gigabytes). An image over the bound is refused with an INVALID_ARGUMENT
-error that names its size, which TF Serving returns as HTTP 400.
+The `serving_bytes` signature takes PNG, JPEG, GIF, BMP or WebP files, so a
+client needs neither NumPy nor Pillow, and prepares them as predict.py does
+with Pillow, to the same pixels: Pillow's integer luma and its fixed-point
+bilinear resize (TensorFlow's `rgb_to_grayscale` and `resize` differ by a
+grey level here and there, which would change the logits). A header that
+claims more pixels than the bound (serving/signatures.py) is refused before
+decoding, as INVALID_ARGUMENT: TensorFlow's decoders fill out any size a
+few hundred bytes claim.
 """
 
 import numpy as np
@@ -29,10 +24,9 @@ PIXEL_VALUES = np.arange(256, dtype=np.float32) / np.float32(255)
 def pillow_bilinear_weights(in_size: tf.Tensor, out_size: int) -> tf.Tensor:
   """`(in_size, out_size)` integer weights of Pillow's bilinear resize.
 
-  As Pillow computes them (`precompute_coeffs`, `normalize_coeffs_8bpc`): a
-  triangle widened by the reduction factor when shrinking, normalised per
-  output pixel, times 2**22 and rounded. Held as float64, in which the
-  resize's sums of 8-bit pixels times these weights are exact.
+  Pillow's `precompute_coeffs` and `normalize_coeffs_8bpc`: a triangle
+  widened when shrinking, normalised per output pixel, times 2**22, rounded;
+  float64, in which the sums of 8-bit pixels times them are exact.
   """
   in_size = tf.cast(in_size, tf.float64)
   scale = in_size / out_size
@@ -65,9 +59,8 @@ def grey(rgb: tf.Tensor) -> tf.Tensor:
 def decode_rgb(encoded: tf.Tensor) -> tf.Tensor:
   """The `(height, width, 3)` uint8 pixels of one image, as Pillow decodes it.
 
-  JPEGs with the accurate integer DCT, Pillow's (TensorFlow's default is the
-  fast one). Grey images are repeated over the three channels, which Pillow's
-  luma leaves unchanged; alpha is dropped, as Pillow's 'L' conversion ignores it.
+  JPEGs with Pillow's accurate integer DCT; grey repeated over the channels
+  (luma keeps it), alpha dropped (Pillow's 'L' ignores it).
   """
   image = tf.cond(
       tf.io.is_jpeg(encoded),
@@ -92,12 +85,11 @@ def _uint(data: tf.Tensor, offset, length: int, big_endian=False):
 def _gif_frame_pixels(encoded: tf.Tensor, header: tf.Tensor) -> tf.Tensor:
   """The pixels of a GIF's frames together, by their image descriptors.
 
-  giflib holds every frame decoded, so a small file of many frames costs
-  as much as one huge frame. The blocks are walked as giflib reads them:
-  extensions (0x21) and images (0x2C, whose descriptor holds the frame's
-  size) each followed by data sub-blocks, a size byte then the data, the
-  last of size 0. The walk stops at anything else (the trailer, or bytes
-  that giflib refuses too), or once the count is over the bound.
+  giflib holds every frame decoded: many small frames cost as much as one
+  huge. The blocks are walked as giflib reads them, extensions (0x21) and
+  images (0x2C: left, top, width, height), each followed by sub-blocks (a
+  size byte, then the data; the last of size 0), up to anything else (the
+  trailer) or past the bound.
   """
   data = tf.cast(tf.io.decode_raw(encoded, tf.uint8), tf.int64)
   n = tf.size(data, out_type=tf.int64)
@@ -135,69 +127,61 @@ def _gif_frame_pixels(encoded: tf.Tensor, header: tf.Tensor) -> tf.Tensor:
 def claimed_size(encoded: tf.Tensor):
   """Width, height and (GIF) frames' pixels that an image's header claims.
 
-  Read from the header of each format that TensorFlow decodes (PNG's IHDR,
-  JPEG's SOF, GIF's screen and frame descriptors, BMP's header, WebP's VP8,
-  VP8L or VP8X chunk); zeros for other bytes, which decoding refuses.
+  From the header of each format TensorFlow decodes: PNG's IHDR, JPEG's
+  SOF, GIF's screen and frame descriptors, BMP's header, WebP's VP8, VP8L
+  or VP8X chunk. Zeros for other bytes, which decoding refuses.
   """
   head = tf.strings.substr(encoded, 0, 32)
   header = tf.cast(tf.io.decode_raw(head, tf.uint8, fixed_length=32), tf.int64)
   zero = tf.constant(0, tf.int64)
   starts = lambda magic: tf.strings.substr(head, 0, len(magic)) == magic
 
+  def png():
+    return _uint(header, 16, 4, True), _uint(header, 20, 4, True), zero
+
   def jpeg():
-    shape = tf.cast(tf.image.extract_jpeg_shape(encoded), tf.int64)
-    return shape[1], shape[0], zero
+    height, width, _ = tf.unstack(
+        tf.image.extract_jpeg_shape(encoded, tf.int64)
+    )
+    return width, height, zero
+
+  def gif():
+    frames = _gif_frame_pixels(encoded, header)
+    return _uint(header, 6, 2), _uint(header, 8, 2), frames
 
   def bmp():  # Signed: a negative height is a top-down image.
     signed = lambda v: tf.abs(tf.where(v >= 2**31, v - 2**32, v))
     return signed(_uint(header, 18, 4)), signed(_uint(header, 22, 4)), zero
 
-  def webp():
-    chunk = tf.strings.substr(head, 12, 4)
-    vp8l = _uint(header, 21, 4)  # Width - 1 and height - 1, 14 bits each.
-    width, height = tf.case(
-        [
-            (
-                chunk == b'VP8 ',
-                lambda: (
-                    _uint(header, 26, 2) % 2**14,
-                    _uint(header, 28, 2) % 2**14,
-                ),
-            ),
-            (
-                chunk == b'VP8L',
-                lambda: (vp8l % 2**14 + 1, vp8l // 2**14 % 2**14 + 1),
-            ),
-            (
-                chunk == b'VP8X',
-                lambda: (_uint(header, 24, 3) + 1, _uint(header, 27, 3) + 1),
-            ),
-        ],
-        default=lambda: (zero, zero),
+  def webp():  # VP8: 14 bits; VP8L: 14 bits, less one; VP8X: 24, less one.
+    chunk, vp8l = tf.strings.substr(head, 12, 4), _uint(header, 21, 4)
+    pick = lambda vp8, lossless, extended: tf.where(
+        chunk == b'VP8 ',
+        vp8,
+        tf.where(
+            chunk == b'VP8L',
+            lossless,
+            tf.where(chunk == b'VP8X', extended, zero),
+        ),
+    )
+    width = pick(
+        _uint(header, 26, 2) % 2**14, vp8l % 2**14 + 1, _uint(header, 24, 3) + 1
+    )
+    height = pick(
+        _uint(header, 28, 2) % 2**14,
+        vp8l // 2**14 % 2**14 + 1,
+        _uint(header, 27, 3) + 1,
     )
     return width, height, zero
 
+  webp_file = starts(b'RIFF') & (tf.strings.substr(head, 8, 4) == b'WEBP')
   return tf.case(
       [
-          (
-              starts(b'\x89PNG\r\n\x1a\n'),
-              lambda: (
-                  _uint(header, 16, 4, True),
-                  _uint(header, 20, 4, True),
-                  zero,
-              ),
-          ),
+          (starts(b'\x89PNG\r\n\x1a\n'), png),
           (tf.io.is_jpeg(encoded), jpeg),
-          (
-              starts(b'GIF8'),
-              lambda: (
-                  _uint(header, 6, 2),
-                  _uint(header, 8, 2),
-                  _gif_frame_pixels(encoded, header),
-              ),
-          ),
+          (starts(b'GIF8'), gif),
           (starts(b'BM'), bmp),
-          (starts(b'RIFF') & (tf.strings.substr(head, 8, 4) == b'WEBP'), webp),
+          (webp_file, webp),
       ],
       default=lambda: (zero, zero, zero),
   )

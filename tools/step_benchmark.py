@@ -125,15 +125,7 @@ def _time_variant(name: str, steps: int) -> float:
     data = {'image': images, 'label': labels}
 
     def run(o):  # One dispatch of all of `o`.
-      train.train_epoch(
-          model,
-          optimizer,
-          metrics,
-          data=data,
-          order=o,
-          mesh=mesh,
-          steps_per_call=len(o),
-      )
+      train.train_epoch(objects, data, o, mesh, len(o))
 
   else:
     step = nnx.jit(train.train_step)

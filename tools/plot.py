@@ -1,6 +1,6 @@
 """Learning curves of a run, from its workdir's summaries, as a PNG.
 
-  python plot.py --workdir=DIR [--out=curves.png]
+  python -m tools.plot --workdir=DIR [--out=curves.png]
 
 Train and test loss, and train and test accuracy, per epoch; the test curves
 are over the whole test split, as logged.

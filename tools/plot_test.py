@@ -1,6 +1,6 @@
-"""Tests of plot.py: a workdir's summaries become a PNG of the curves.
+"""Tests of tools/plot.py: a workdir's summaries become a PNG of the curves.
 
-plot.py runs in a process of its own: its flags are main.py's names.
+It runs in a process of its own: its flags are main.py's names.
 """
 
 import os
@@ -11,7 +11,7 @@ from clu import metric_writers
 import numpy as np
 import tensorflow as tf
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _workdir_with_epochs(path, epochs: int) -> str:
@@ -34,7 +34,13 @@ def test_plot_writes_a_png_of_the_curves(tmp_path):
   workdir = _workdir_with_epochs(tmp_path / 'run', 3)
   out = str(tmp_path / 'curves.png')
   subprocess.run(
-      [sys.executable, 'plot.py', f'--workdir={workdir}', f'--out={out}'],
+      [
+          sys.executable,
+          '-m',
+          'tools.plot',
+          f'--workdir={workdir}',
+          f'--out={out}',
+      ],
       check=True,
       capture_output=True,
       cwd=ROOT,
