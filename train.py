@@ -60,10 +60,9 @@ def loss_fn(model: CNN, batch, rngs=None):
 
 
 def train_step(model: CNN, optimizer, metrics, batch) -> jax.Array:
-  """Train for a single step; returns the batch's mean loss, before it.
+  """Train for a single step; returns the batch's mean loss.
 
-  Dropout draws from the model's own streams (`rngs` None), which its
-  checkpoints hold.
+  Dropout draws from the model's own streams, which its checkpoints hold.
   """
   grad_fn = nnx.value_and_grad(loss_fn, has_aux=True)
   (loss, (losses, logits)), grads = grad_fn(model, batch)
@@ -75,8 +74,7 @@ def train_step(model: CNN, optimizer, metrics, batch) -> jax.Array:
 def eval_step(model: CNN, metrics, batch) -> jax.Array:
   """The metrics of the examples whose 'mask' is set; the predicted labels.
 
-  The predictions of the whole batch, so that an epoch's mistakes cost no
-  second pass over the test set.
+  With the predictions, an epoch's mistakes cost no second pass.
   """
   _, (losses, logits) = loss_fn(model, batch)
   metrics.update(
@@ -90,9 +88,9 @@ def train_steps(graphdef, mesh, state, batches):
   """`train_step` on each of `batches` (`(steps, batch, ...)`), in a `lax.scan`.
 
   A jitted pure function of the split state costs no per-step Python
-  (`nnx.jit` traverses the object graph on every call). The batches are
-  split over `mesh`; the state stays replicated, so XLA all-reduces the
-  gradients. Returns the new state and the steps' losses.
+  (`nnx.jit` traverses the object graph on every call). The state stays
+  replicated over `mesh`: XLA all-reduces the gradients. Returns the new
+  state and the steps' losses.
   """
   replicated = NamedSharding(mesh, PartitionSpec())
 
@@ -118,10 +116,9 @@ def eval_steps(graphdef, state, batches):
 
 
 def create_model(config: ml_collections.ConfigDict, layers=nnx) -> CNN:
-  """The CNN, initialised from `config.seed`, as are its dropout streams.
+  """The CNN, its parameters and dropout streams from `config.seed`.
 
-  `layers`: `flax.nnx`, or the faster layers of a platform
-  (`cpu_layers.for_config`).
+  `layers`: `flax.nnx`, or a platform's faster ones (`cpu_layers.for_config`).
   """
   rngs = nnx.Rngs(config.seed)
   return CNN(rngs, dropout_rate=config.dropout_rate, layers=layers)
@@ -130,8 +127,8 @@ def create_model(config: ml_collections.ConfigDict, layers=nnx) -> CNN:
 def learning_rate(config: ml_collections.ConfigDict, steps_per_epoch: int):
   """`config.learning_rate`, constant (the example's) or in one cycle.
 
-  'one_cycle' warms up to the rate over the first 30% of the steps, then
-  anneals it (cosine) to near zero: a given accuracy in fewer epochs.
+  'one_cycle' warms up over the first 30% of the steps, then anneals
+  (cosine) to near zero: an accuracy in fewer epochs.
   """
   if config.lr_schedule == 'one_cycle':
     return optax.cosine_onecycle_schedule(
@@ -169,17 +166,13 @@ def train_epoch(
 ) -> int:
   """Trains `objects` (model, optimizer, metrics) on the batches `data[order]`.
 
-  `order` holds `(steps, batch / process count)` indices into this
-  process's share of the data; every step trains on the union of the
-  processes' batches. `step` is the run's global step at `order[0]`. After
-  each dispatch of `steps_per_call` steps its losses are checked (a NaN
-  would spread silently), `on_steps(step)` reports the global step reached
-  and `stop()` says whether to stop there (on any process: all stop at
-  the same step). Returns the global step reached.
-
-  Raises:
-    NonFiniteLoss: for the first step whose loss was NaN or infinite; the
-      objects then hold the state after its dispatch.
+  `order`: `(steps, batch / process count)` indices into this process's
+  share; each step trains on the union of the processes' batches, `step`
+  the run's at `order[0]`. After each dispatch of `steps_per_call` steps,
+  its losses are checked (a NaN would spread silently), `on_steps(step)`
+  reports, and `stop()` says whether to stop (on any process: all stop at
+  the same step). Returns the step reached; raises NonFiniteLoss for the
+  first NaN or infinite loss.
   """
   objects[0].train()
   graphdef, state = nnx.split(objects)
@@ -205,11 +198,7 @@ def train_epoch(
 
 
 def evaluate(model, metrics, batches) -> tuple[dict[str, float], np.ndarray]:
-  """Metrics over all of `batches`, and each example's predicted label.
-
-  `batches` as `input_pipeline.eval_batches` makes them; the predictions of
-  every process's part of them, padding dropped, on every process.
-  """
+  """Metrics over all of `batches`, and all processes' predictions, unpadded."""
   model.eval()
   metrics.reset()
   graphdef, state = nnx.split((model, metrics))
@@ -241,10 +230,7 @@ def format_epoch(epoch: int, summary: dict[str, float]) -> str:
 
 @contextlib.contextmanager
 def _nan_as_error(config, saved, steps_per_epoch: int):
-  """A NonFiniteLoss as the TrainingError that the user reads.
-
-  The latest checkpoint, the last one before the divergence, is kept.
-  """
+  """A NonFiniteLoss as the user's TrainingError; the last checkpoint is kept."""
   try:
     yield
   except NonFiniteLoss as e:
@@ -332,10 +318,9 @@ def train_and_evaluate(
 
 
 def export(model: CNN, config, workdir: str) -> str:
-  """Exports `model`'s state, in a stock model, as the SavedModel's next version.
+  """Exports `model`'s state as the next SavedModel, in Flax's own layers.
 
-  The stock model computes in float32 with Flax's own kernels on every
-  platform the SavedModel runs on.
+  Those compute in float32 on every platform the SavedModel runs on.
   """
   # pylint: disable-next=g-import-not-at-top
   from run import workdirs
@@ -352,12 +337,9 @@ def export(model: CNN, config, workdir: str) -> str:
 
 
 def export_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> str:
-  """Exports the model of the latest checkpoint in `workdir`, without training.
+  """Exports the model of the newest checkpoint in `workdir`, untrained further.
 
-  Returns the version directory written.
-
-  Raises:
-    WorkdirError: no checkpoint that restores, or one of another config.
+  Raises WorkdirError where no checkpoint restores, or it is of another config.
   """
   # pylint: disable-next=g-import-not-at-top
   from run import checkpoints

@@ -1,9 +1,9 @@
 """Data parallelism: one mesh axis over every device of every process.
 
-The model and optimizer state are replicated; each batch is split along the
-'data' axis, and XLA inserts the gradient all-reduce (jit with shardings, no
-pmap). Each process holds only its share of the training data and feeds its
-devices' part of every global batch.
+The state is replicated; each batch is split along the 'data' axis, and XLA
+inserts the gradient all-reduce (jit with shardings, no pmap). Each process
+holds its share of the training data and feeds its devices' part of every
+batch.
 """
 
 import jax
@@ -16,11 +16,7 @@ AXIS = 'data'
 
 
 def create_mesh() -> jax.sharding.Mesh:
-  """A 1-D mesh of all devices, of all processes.
-
-  Its axis is 'Auto': XLA propagates the batch sharding through the model
-  and places the gradient all-reduce itself.
-  """
+  """A 1-D mesh of all devices; 'Auto': XLA places the all-reduce itself."""
   return jax.make_mesh(
       (jax.device_count(),), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,)
   )
@@ -29,8 +25,8 @@ def create_mesh() -> jax.sharding.Mesh:
 def replicate(tree, mesh: jax.sharding.Mesh):
   """`tree` (the same on every process) replicated on every device.
 
-  Built from host values: the arrays of a model just created are committed
-  to one local device, which `jax.device_put` cannot spread over processes.
+  From host values: a new model's arrays are committed to one local device,
+  which `jax.device_put` cannot spread over processes.
   """
   sharding = NamedSharding(mesh, P())
 
@@ -65,19 +61,14 @@ def global_batches(mesh: jax.sharding.Mesh, batches, whole: bool = False):
 
 
 def local_copy(tree):
-  """`tree`'s replicated arrays as this process's own single-device copies.
-
-  What code that needs every value at hand gets (the SavedModel export):
-  arrays spanning several processes are not fully addressable by one.
-  """
+  """`tree`'s replicated arrays as this process's own copies, for the export."""
   return jax.tree.map(lambda x: x.addressable_data(0), tree)
 
 
 def any_process(flag: bool) -> bool:
-  """Whether `flag` is true on any process: each must ask at the same point.
+  """Whether `flag` is true on any process; each must ask at the same point.
 
-  How every process learns that one of them was asked to stop (a preemption
-  notice reaches one host first), so that all stop at the same step.
+  A preemption notice reaches one host first: all stop at the same step.
   """
   if jax.process_count() == 1:
     return flag

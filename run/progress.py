@@ -1,16 +1,11 @@
-"""Progress of a run: clu's ReportProgress, a tqdm bar on a terminal, phases.
+"""Progress of a run: clu's ReportProgress, a tqdm bar, its phases' seconds.
 
-clu's `ReportProgress` logs a line (steps/s, percentage, ETA) every
-`config.progress_every_secs` and writes `steps_per_sec` summaries, whatever
-the output is: that is what CI and log files get. When stderr, where absl
-logs, is a terminal, tqdm's bar shows the epoch's steps, steps/s, images/s
-and ETA as well, cleared while ReportProgress logs (clu's default writer
-logs from a thread of its own: the bar waits for it), so that log lines do
-not land inside it.
-
-`timed(phase)` records a phase's seconds (data, train, evaluation, ...) as
-a JAX monitoring event, as JAX records its compilations: what
-mnist_benchmark.py reports.
+clu's `ReportProgress` logs steps/s, percentage and ETA every
+`config.progress_every_secs`: what CI and log files get. On a terminal,
+tqdm's bar shows the epoch too, cleared while ReportProgress logs, so that
+log lines do not land inside it. `timed(phase)` records a phase's seconds
+as a JAX monitoring event, as JAX records its compilations, for
+mnist_benchmark.py.
 """
 
 import contextlib
@@ -65,11 +60,7 @@ class EpochProgress:
 
   @classmethod
   def create(cls, config, steps_per_epoch: int, writer) -> 'EpochProgress':
-    """With clu's ReportProgress every `config.progress_every_secs`.
-
-    Its module imports TensorFlow, through clu's writers: here, where the
-    run has a writer, not with this module.
-    """
+    """With clu's ReportProgress (which imports TensorFlow: not on import)."""
     from clu import periodic_actions  # pylint: disable=g-import-not-at-top
 
     report_progress = periodic_actions.ReportProgress(
@@ -86,10 +77,7 @@ class EpochProgress:
     )
 
   def start(self, epoch: int, step: int | None = None) -> None:
-    """Starts `epoch` (from 1) at the run's global `step` (its first, if None).
-
-    A resumed run starts an epoch in its middle.
-    """
+    """Starts `epoch` (from 1) at the run's `step`: its first if None."""
     import tqdm  # pylint: disable=g-import-not-at-top  # Not where JAX alone is.
 
     first = (epoch - 1) * self._steps_per_epoch

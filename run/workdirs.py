@@ -1,13 +1,10 @@
 """A run's workdir: where each thing a run writes goes, and who holds it.
 
-  <workdir>/events.out.tfevents.*      summaries (summaries.py)
-  <workdir>/checkpoints/<step>/        checkpoints (checkpoints.py)
-  <workdir>/damaged_checkpoints/       checkpoints that could not be restored
-  <workdir>/export/<model name>/<n>/   SavedModel versions (export.py)
-  <workdir>/run.lock                   the running process, while it runs
-
-`prepare` checks that the workdir can be written, before any work;
-`exclusive` keeps a second run off a workdir in use.
+<workdir>/events.out.tfevents.*      summaries
+<workdir>/checkpoints/<step>/        checkpoints
+<workdir>/damaged_checkpoints/       checkpoints that could not be restored
+<workdir>/export/<model name>/<n>/   SavedModel versions
+<workdir>/run.lock                   the running process, while it runs
 """
 
 import contextlib
@@ -23,15 +20,16 @@ from run import errors
 LOCK_FILE = 'run.lock'
 
 
+class WorkdirError(errors.UserError):
+  """The workdir cannot be used as it is; the message is one line for the user."""
+
+
 def checkpoints_dir(workdir: str) -> str:
   return os.path.join(workdir, 'checkpoints')
 
 
 def damaged_checkpoint_dir(workdir: str, step: int) -> str:
-  """Where the checkpoint of `step`, which cannot be restored, is moved.
-
-  Named by the time too: the same step may be damaged again in a later run.
-  """
+  """Where the checkpoint of `step` that cannot be restored goes, by the time."""
   now = time.strftime('%Y%m%d-%H%M%S')
   return os.path.join(workdir, 'damaged_checkpoints', f'{step}-{now}')
 
@@ -41,15 +39,8 @@ def export_dir(workdir: str, model_name: str) -> str:
   return os.path.join(workdir, 'export', model_name)
 
 
-class WorkdirError(errors.UserError):
-  """The workdir cannot be used as it is; the message is one line for the user."""
-
-
 def prepare(workdir: str) -> None:
-  """Creates `workdir` if need be and checks that files can be written in it.
-
-  A local directory (see `exclusive`): plain file operations.
-  """
+  """Creates `workdir` if need be; WorkdirError if files cannot be written."""
   probe = os.path.join(workdir, f'.write_test.{os.getpid()}')
   try:
     os.makedirs(workdir, exist_ok=True)
@@ -57,27 +48,17 @@ def prepare(workdir: str) -> None:
       pass
     os.remove(probe)
   except OSError as e:
-    in_the_way = _file_in_the_way(workdir)
-    cause = (
-        f'{in_the_way} is not a directory'
-        if in_the_way
-        else f'{e.filename}: {e.strerror}'
-    )
+    # os names the directory it could not create; a file in the way of it
+    # is what the user has to move.
+    path = pathlib.Path(workdir)
+    nearest = next(p for p in (path, *path.parents) if p.exists())
+    cause = f'{e.filename}: {e.strerror}'
+    if not nearest.is_dir():
+      cause = f'{nearest} is not a directory'
     raise WorkdirError(
         f'cannot create or write the workdir {workdir} ({cause}): '
         'choose a --workdir that can be created and written'
     ) from None
-
-
-def _file_in_the_way(workdir: str) -> str | None:
-  """The file that stands where `workdir`'s path needs a directory, if any.
-
-  os names the directory that it could not create ('/tmp/file/w: Not a
-  directory'); the user has to move /tmp/file.
-  """
-  path = pathlib.Path(workdir)
-  nearest = next(p for p in (path, *path.parents) if p.exists())
-  return None if nearest.is_dir() else str(nearest)
 
 
 @contextlib.contextmanager
@@ -86,9 +67,8 @@ def exclusive(workdir: str, hold: bool = True):
 
   filelock's lock on `<workdir>/run.lock`, which the system releases however
   the process ends. The file names the holder while it runs and is removed
-  when it ends cleanly, so a file found with a name in it is a killed run's.
-  Not for remote file systems (gs://): there, or without `hold`, nothing is
-  held.
+  when it ends: a file found with a name in it is a killed run's. Not on
+  remote file systems (gs://): there, or without `hold`, nothing is held.
   """
   if not hold or '://' in workdir:
     yield
