@@ -1,17 +1,13 @@
 """Benchmark: a full training run through `main.main`, then its summaries.
 
-Opt-in, not part of the tests:
-
   python mnist_benchmark.py --workdir=DIR --config=configs/default.py \
       [--config.num_epochs=2 ...]
 
-Prints a report, then one JSON object as its last line: besides accuracy and
-speed, the seconds of each phase of the run (start-up: the imports before
-training starts; data; compilation; training; evaluation; summaries;
-checkpoints; export), the peak RSS and what the matmuls computed in (with
-`matmul_precision='auto'`, bf16 or float32 depending on the CPU). Exits
-non-zero when the final test accuracy is outside [0.99, 1.0].
-`python -m tools.reference_loop` reports the Flax example's loop the same way.
+Prints a report, then one JSON object as its last line: accuracy, speed,
+the seconds of each phase (start-up, data, compilation, training,
+evaluation, summaries, checkpoints, export), the peak RSS and what the
+matmuls computed in. Exits 1 if the final test accuracy is below 0.99.
+`python -m tools.reference_loop` reports the Flax example's loop so.
 """
 
 import time
@@ -55,11 +51,9 @@ def summarize(
 ) -> dict:
   """The benchmark's figures from the summaries of one run.
 
-  Seconds per epoch are the intervals between epochs' test summaries, so
-  they include evaluation; the median over epochs after the first leaves out
-  compilation. Throughput is the median of the epochs' training images/s.
-  `seconds` holds the seconds of each phase. Training's include the
-  compilation of its step.
+  Seconds per epoch: the median interval between epochs' test summaries
+  (evaluation included, the first epoch's compilation not); images/s: the
+  epochs' median. `seconds`: each phase's.
   """
   accuracy = scalars['test_accuracy']
   epochs = sorted(accuracy)
@@ -85,10 +79,9 @@ def summarize(
 
 
 def timed_phases(start: float) -> collections.Counter:
-  """The seconds of start-up (since `start`), then of each phase as it ends.
+  """Start-up's seconds (since `start`), then each phase's, as they end.
 
-  Compilations and the run's phases (run/progress.py) as JAX's monitoring
-  events report them.
+  As JAX's monitoring events report compilations and the run's phases.
   """
   seconds = collections.Counter(startup=time.perf_counter() - start)
 
@@ -105,10 +98,7 @@ def timed_phases(start: float) -> collections.Counter:
 def report(
     config, workdir: str, seconds, loop: str, precision: str, start=_START
 ) -> None:
-  """Prints the figures of the run in `workdir`; exits 1 if it fell short.
-
-  The wall time counts from `start`.
-  """
+  """Prints the figures of the run in `workdir`; exits 1 if it fell short."""
   peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   result = summarize(
       summaries.read_scalars(workdir),
