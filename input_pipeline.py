@@ -33,6 +33,11 @@ def get_builder(config) -> tfds.core.DatasetBuilder:
   `tfds.testing.mock_data` makes it) is left as it is.
   """
   builder = tfds.builder(config.dataset, data_dir=config.data_dir or None)
+  # Its file first: `is_prepared` warns of each version that lacks it.
+  if (
+      builder.data_path / 'dataset_info.json'
+  ).exists() and builder.is_prepared():
+    return builder
   try:
     builder.as_dataset(split=[])  # No split: only TFDS' check for its data.
   except AssertionError:  # TFDS' word for a data set not prepared.

@@ -4,12 +4,11 @@ Not part of the app or its tests: it needs PyTorch, which the app does not,
 so it runs from a virtual environment of its own, outside the repository:
 
   python3 -m venv /tmp/torchpeer
-  /tmp/torchpeer/bin/pip install torch==2.14.1 numpy ml-collections
+  /tmp/torchpeer/bin/pip install torch==2.14.1 numpy
   /tmp/torchpeer/bin/python -m tools.torch_peer \
       --data_dir=../shared/data/mnist [--bf16] [--epochs=2]
 
-(from the repository's root: the IDX files are read by sources.py,
-which needs ml-collections).
+(from the repository's root: data/sources.py reads the IDX files).
 
 The Flax example's CNN layer for layer (BatchNorm's running averages decay
 by 0.99, as Flax's do), SGD with learning rate 0.1 and momentum 0.9, batch
