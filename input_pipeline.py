@@ -1,12 +1,8 @@
 """MNIST input pipeline: every source of the data gives the same arrays.
 
-`load(config)` reads the training and test splits from `config.data_source`,
-each whole as uint8 images `(N, 28, 28, 1)` and int32 labels (a quarter of
-float32's memory until the jitted step normalises them). TFDS, the default,
-is here: it prepares the data set once from the four original files, of a
-manual directory or downloaded (data/download.py), and checks them. The
-other sources are in data/sources.py. Then each process's share, the epoch
-orders and the evaluation batches.
+`load(config)` reads the splits whole, as uint8 images `(N, 28, 28, 1)` (a
+quarter of float32's memory until the jitted step normalises them) and int32
+labels. TFDS is here, the other sources in data/sources.py (docs/data.md).
 """
 
 import os
@@ -28,15 +24,13 @@ from tensorflow_datasets.core.download import download_manager
 def get_builder(config) -> tfds.core.DatasetBuilder:
   """The TFDS builder of `config.dataset`, prepared if it was not.
 
-  Not by TFDS' `download_and_prepare` alone, whose download retries for
-  minutes offline. One whose data TFDS reads unprepared (as
-  `tfds.testing.mock_data` makes it) is left as it is.
+  Not by TFDS' own download, which retries for minutes offline. One whose
+  data TFDS reads unprepared (`tfds.testing.mock_data`'s) is left as it is.
   """
   builder = tfds.builder(config.dataset, data_dir=config.data_dir or None)
   # Its file first: `is_prepared` warns of each version that lacks it.
-  if (
-      builder.data_path / 'dataset_info.json'
-  ).exists() and builder.is_prepared():
+  info = builder.data_path / 'dataset_info.json'
+  if info.exists() and builder.is_prepared():
     return builder
   try:
     builder.as_dataset(split=[])  # No split: only TFDS' check for its data.
@@ -48,9 +42,8 @@ def get_builder(config) -> tfds.core.DatasetBuilder:
 def _prepare(builder, config) -> None:
   """Prepares the data set from the manual directory, or downloads it.
 
-  A manual directory that the user named, or that exists, must hold every
-  file: a missing one is named, where TFDS would try a download that hangs
-  offline. Otherwise the files are downloaded (`download_files`) first.
+  A manual directory named or existing must hold every file: a missing one
+  is named, where TFDS would try a download that hangs.
   """
   directory = sources.named_manual_dir(config)
   if not directory:
@@ -95,13 +88,12 @@ def download_files(builder, config) -> str:
   except download.DownloadError as e:
     names = sorted(info.filename for info in builder.url_infos.values())
     where = os.path.dirname(min(builder.url_infos))
-    named_by = 'config.manual_dir' + (
-        f' or ${sources.MANUAL_DIR_ENV}' if config.dataset == 'mnist' else ''
-    )
+    env = f' or ${sources.MANUAL_DIR_ENV}' if config.dataset == 'mnist' else ''
     raise sources.DataError(
         f'{e}; offline, put the four original files ({", ".join(names)}; '
-        f'published at {where}/) in a directory and name it in {named_by} '
-        "for TFDS to prepare, or read them from there with data_source='idx'"
+        f'published at {where}/) in a directory and name it in '
+        f'config.manual_dir{env} for TFDS to prepare, or read them from '
+        "there with data_source='idx'"
     ) from None
   return directory
 
@@ -114,8 +106,8 @@ def num_examples(builder, split: str) -> int:
 def from_tfds(config, split: str) -> sources.Arrays:
   """`split` (any TFDS split or slice) from TFDS, prepared offline if need be.
 
-  Read in batches of uint8 tensors, no per-example map, then kept beside
-  TFDS' files: later runs need not decode 70,000 PNGs again.
+  Kept beside TFDS' files: later runs need not decode 70,000 PNGs again.
+  Read in batches, not batch_size=-1, which `tfds.testing.mock_data` lacks.
   """
   builder = get_builder(config)
   key = str(split)  # A ReadInstruction for a process's share.
@@ -158,26 +150,21 @@ def split_arrays(config, split: str) -> sources.Arrays:
   """
   if config.data_source == 'tfds':
     return from_tfds(config, split)
-  name, start, stop = config_checks.SPLIT.fullmatch(split).groups()
+  name, *bounds = config_checks.SPLIT.fullmatch(split).groups()
   arrays = SOURCES[config.data_source](config, name)
   n = len(arrays['label'])
-  part = slice(_bound(start, n), _bound(stop, n))
+  start, stop = (
+      round(int(b[:-1]) * n / 100) if b and b.endswith('%') else b and int(b)
+      for b in bounds
+  )
   # A copy: a small slice does not keep the whole split in memory.
-  return {k: v[part].copy() for k, v in arrays.items()}
-
-
-def _bound(bound: str | None, n: int) -> int | None:
-  """A slice bound, in examples or in percent of the `n` examples (TFDS')."""
-  if bound and bound.endswith('%'):
-    return round(int(bound[:-1]) * n / 100)
-  return None if bound is None else int(bound)
+  return {k: v[start:stop].copy() for k, v in arrays.items()}
 
 
 def load(config) -> tuple[sources.Arrays, sources.Arrays]:
   """This process's share of the training split, and the whole test split.
 
-  With several processes (hosts), each trains on its own share (TFDS reads
-  only that), and evaluates its part of every test batch.
+  Each process (host) evaluates its part of every test batch.
   """
   if config.data_source == 'tfds':
     train = from_tfds(config, tfds.split_for_jax_process(config.train_split))
@@ -195,10 +182,7 @@ def epoch_seed(seed: int, epoch: int) -> int:
 
 
 def epoch_order(seed: int, epoch: int, num_examples: int, batch_size: int):
-  """Indices of each step's examples in `epoch`: `(steps, batch_size)`.
-
-  A fresh permutation of the whole split; the remainder is dropped.
-  """
+  """A fresh permutation's `(steps, batch_size)` indices; the rest dropped."""
   rng = np.random.default_rng(epoch_seed(seed, epoch))
   steps = num_examples // batch_size
   order = rng.permutation(num_examples)[: steps * batch_size]
@@ -240,8 +224,7 @@ def epoch_rest(config, step: int, steps: int, train_data) -> np.ndarray:
 def eval_batches(arrays: sources.Arrays, batch_size: int) -> sources.Arrays:
   """Every example once, in `(batches, batch_size, ...)` arrays with a 'mask'.
 
-  The last batch is padded with zeros, masked out: one compiled step serves
-  every batch, and the metrics count each example once.
+  The last batch padded with zeros, masked out: one compiled step serves all.
   """
   n = len(arrays['label'])
   size = -(-n // batch_size) * batch_size

@@ -1,13 +1,10 @@
 """Benchmark: a full training run through `main.main`, then its summaries.
 
-  python mnist_benchmark.py --workdir=DIR --config=configs/default.py \
-      [--config.num_epochs=2 ...]
+  python mnist_benchmark.py --workdir=DIR --config=configs/default.py
 
 Prints a report, then one JSON object as its last line: accuracy, speed,
-the seconds of each phase (start-up, data, compilation, training,
-evaluation, summaries, checkpoints, export), the peak RSS and what the
-matmuls computed in. Exits 1 if the final test accuracy is below 0.99.
-`python -m tools.reference_loop` reports the Flax example's loop so.
+each phase's seconds, the peak RSS and what the matmuls computed in. Exits 1
+if the final test accuracy is below 0.99.
 """
 
 import time
@@ -37,8 +34,7 @@ from run import summaries
 
 FLAGS = flags.FLAGS
 ACCURACY_RANGE = (0.99, 1.0)
-# JAX's events whose durations make up compilation: tracing, lowering and
-# XLA's compilation of every jitted computation.
+# JAX's events whose durations make up compilation: tracing, lowering, XLA.
 COMPILE_EVENTS = (
     '/jax/core/compile/jaxpr_trace_duration',
     '/jax/core/compile/jaxpr_to_mlir_module_duration',
@@ -53,24 +49,20 @@ def summarize(
 
   Seconds per epoch: the median interval between epochs' test summaries
   (evaluation included, the first epoch's compilation not); images/s: the
-  epochs' median. `seconds`: each phase's.
+  median after the first epoch.
   """
-  accuracy = scalars['test_accuracy']
+  accuracy, rates = scalars['test_accuracy'], scalars['train_images_per_sec']
   epochs = sorted(accuracy)
   times = [accuracy[e][1] for e in epochs]
   intervals = [b - a for a, b in zip(times, times[1:])]
-  throughput = [
-      v for e, (v, _) in sorted(scalars['train_images_per_sec'].items())
-  ]
+  per_epoch = round(statistics.median(intervals), 3) if intervals else None
+  throughput = [rates[e][0] for e in sorted(rates)]
+  images_per_sec = statistics.median(throughput[1:] or throughput)
   return {
       'epochs': len(epochs),
       'wall_time_s': round(wall_time_s, 2),
-      'seconds_per_epoch': round(statistics.median(intervals), 3)
-      if intervals
-      else None,
-      'train_images_per_sec': round(
-          statistics.median(throughput[1:] or throughput), 1
-      ),
+      'seconds_per_epoch': per_epoch,
+      'train_images_per_sec': round(images_per_sec, 1),
       'final_test_accuracy': accuracy[epochs[-1]][0],
       'best_test_accuracy': max(v for v, _ in accuracy.values()),
       'peak_rss_mb': round(peak_rss_mb, 1),
@@ -79,10 +71,7 @@ def summarize(
 
 
 def timed_phases(start: float) -> collections.Counter:
-  """Start-up's seconds (since `start`), then each phase's, as they end.
-
-  As JAX's monitoring events report compilations and the run's phases.
-  """
+  """Start-up's seconds (since `start`), then each phase's as JAX reports it."""
   seconds = collections.Counter(startup=time.perf_counter() - start)
 
   def count(event: str, duration: float, **unused_kwargs) -> None:
@@ -100,15 +89,9 @@ def report(
 ) -> None:
   """Prints the figures of the run in `workdir`; exits 1 if it fell short."""
   peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-  result = summarize(
-      summaries.read_scalars(workdir),
-      time.perf_counter() - start,
-      peak_rss_mb,
-      seconds,
-  )
-  result['config'] = config.to_dict()
-  result['loop'] = loop
-  result['matmul_precision'] = precision
+  scalars = summaries.read_scalars(workdir)
+  result = summarize(scalars, time.perf_counter() - start, peak_rss_mb, seconds)
+  result.update(config=config.to_dict(), loop=loop, matmul_precision=precision)
   for key, value in result.items():
     if key != 'config':
       print(f'{key}: {value}')

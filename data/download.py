@@ -2,15 +2,14 @@
 
 TFDS' own download retries an address that does not answer for minutes
 (urllib3's ten retries, doubling back-off) and has no setting for it. Here
-each file TFDS registers is fetched once, with a timeout, checked against
-TFDS' size and SHA-256, and renamed into place when whole; TFDS then
-prepares the data set from the directory, as from a manual one.
+each file is fetched once, with a timeout, and kept only if whole.
 """
 
 import contextlib
 import hashlib
 import http.client
 import os
+import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,8 +25,7 @@ class DownloadError(Exception):
 def whole_file(path: str):
   """A binary file to write that appears at `path` only if written whole.
 
-  Under a temporary name, renamed when the block ends, removed if it raises
-  (SystemExit too): a later run never reads half of it.
+  Removed if the block raises (SystemExit too): no later run reads half of it.
   """
   incomplete = f'{path}.{os.getpid()}.incomplete'
   try:
@@ -50,8 +48,8 @@ def _is_whole(path: str, info) -> bool:
 def fetch(url_infos: dict, directory: str, mirror: str = '') -> None:
   """Fetches each of TFDS' `url_infos` (address -> UrlInfo) into `directory`.
 
-  From the addresses, or from the directory at `mirror`, which holds the
-  same file names. A file already there and whole is kept.
+  From the addresses, or from `mirror`, a directory of the same file names.
+  A file already there and whole is kept.
 
   Raises:
     DownloadError: naming the first file that could not be fetched whole.
@@ -62,31 +60,25 @@ def fetch(url_infos: dict, directory: str, mirror: str = '') -> None:
     if mirror:
       name = os.path.basename(urllib.parse.urlparse(url).path)
       url = mirror.rstrip('/') + '/' + name
-    if not _is_whole(path, info):
-      _fetch_one(url, path, info)
-
-
-def _fetch_one(url: str, path: str, info) -> None:
-  """`url` to `path`, kept only if it is the file that `info` describes."""
-  digest, size = hashlib.sha256(), 0
-  try:
-    with urllib.request.urlopen(url, timeout=TIMEOUT_SECS) as response:
-      with whole_file(path) as f:
-        while chunk := response.read(1 << 20):
-          digest.update(chunk)
-          size += len(chunk)
-          f.write(chunk)
-        if (size, digest.hexdigest()) != (info.size, info.checksum):
-          raise DownloadError(
-              f'{url} sent {size} bytes that are not the file TFDS registers '
-              f'({int(info.size)} bytes, SHA-256 {info.checksum[:12]}...)'
-          )
-  except (OSError, http.client.HTTPException) as e:
-    # A URLError's reason (a name that does not resolve, a timeout), or an
-    # HTTPError's text with its status ('HTTP Error 404: Not Found').
-    plain = isinstance(e, urllib.error.URLError)
-    cause = (
-        e.reason if plain and not isinstance(e, urllib.error.HTTPError) else e
-    )
-    cause = ' '.join(str(cause).split()) or type(cause).__name__
-    raise DownloadError(f'cannot download {url} ({cause})') from None
+    if _is_whole(path, info):
+      continue
+    try:
+      with urllib.request.urlopen(url, timeout=TIMEOUT_SECS) as response:
+        with whole_file(path) as f:
+          shutil.copyfileobj(response, f)
+          f.flush()
+          if not _is_whole(f.name, info):
+            raise DownloadError(
+                f'{url} sent {f.tell()} bytes that are not the file TFDS '
+                f'registers ({int(info.size)} bytes, SHA-256 '
+                f'{info.checksum[:12]}...)'
+            )
+    except (OSError, http.client.HTTPException) as e:
+      # A URLError's reason (a name that does not resolve, a timeout), or an
+      # HTTPError's text with its status ('HTTP Error 404: Not Found').
+      plain = isinstance(e, urllib.error.URLError)
+      cause = (
+          e.reason if plain and not isinstance(e, urllib.error.HTTPError) else e
+      )
+      cause = ' '.join(str(cause).split()) or type(cause).__name__
+      raise DownloadError(f'cannot download {url} ({cause})') from None

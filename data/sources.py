@@ -1,16 +1,14 @@
 """The sources other than TFDS, and what every source shares.
 
 Each reads a split as uint8 images and integer labels, which `to_arrays`
-makes the same `Arrays`: `idx` the four original `*-ubyte[.gz]` files with
-NumPy alone; `hf` Hugging Face `datasets`, from the Hub or offline; and
-`torchvision` (an optional extra: PyTorch), in a process of its own.
+makes the same `Arrays`: `idx` the four original `*-ubyte[.gz]` files,
+`hf` Hugging Face `datasets`, `torchvision` (optional: PyTorch).
 """
 
 import glob
 import gzip
 import importlib.util
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -43,10 +41,8 @@ class DataError(errors.UserError):
 def to_arrays(images, labels) -> Arrays:
   """uint8 images `(N, 28, 28[, 1])` and integer labels as `Arrays`."""
   images, labels = np.asarray(images), np.asarray(labels)
-  if images.dtype != np.uint8 or images.shape[1:] not in [
-      (28, 28),
-      (28, 28, 1),
-  ]:
+  shape = images.shape[1:]
+  if images.dtype != np.uint8 or shape not in ((28, 28), (28, 28, 1)):
     raise DataError(
         f'expected uint8 images of 28x28 pixels, got {images.dtype} {images.shape}'
     )
@@ -69,8 +65,7 @@ def named_manual_dir(config) -> str:
 def read_idx(path: str, ndim: int) -> np.ndarray:
   """One IDX file of unsigned bytes (gzipped or not), its header checked.
 
-  A big-endian magic number 0x0800 + ndim, ndim big-endian 32-bit sizes,
-  then the bytes.
+  A big-endian magic number 0x0800 + ndim, ndim 32-bit sizes, then the bytes.
   """
   try:
     with (gzip.open if path.endswith('.gz') else open)(path, 'rb') as f:
@@ -116,8 +111,7 @@ def from_idx(config, split: str) -> Arrays:
 def hf_arrays(dataset) -> Arrays:
   """A Hugging Face `Dataset` of 'image' and 'label' as `Arrays`.
 
-  In NumPy format a column is one array read (PNGs decoded in one call);
-  uint8 keeps the formatter from widening the pixels to int64 first.
+  NumPy format reads a column as one array; uint8 spares int64 pixels first.
   """
   data = dataset.with_format(
       'numpy', columns=['image', 'label'], dtype=np.uint8
@@ -126,11 +120,10 @@ def hf_arrays(dataset) -> Arrays:
 
 
 def from_hf(config, split: str) -> Arrays:
-  """`split` from Hugging Face datasets.
+  """`split` from Hugging Face datasets: the Hub (or its cache) or data_dir.
 
   `config.data_dir`: a `save_to_disk` directory, or one of
-  `<split>-*.parquet` files (a copy of the Hub's repository); empty, the
-  Hub (or its cache, offline).
+  `<split>-*.parquet` files (a copy of the Hub's repository).
   """
   try:
     import datasets  # pylint: disable=g-import-not-at-top
@@ -159,7 +152,6 @@ def from_hf(config, split: str) -> Arrays:
 
 # torchvision imports triton, which aborts a process that imported
 # TensorFlow (each brings its own LLVM): it reads in a process of its own.
-# argv: root, dataset class, split, output .npz.
 _TORCHVISION_READER = """
 import sys
 import numpy as np
@@ -174,10 +166,9 @@ np.savez(out, images=dataset.data.numpy(), labels=dataset.targets.numpy())
 
 
 def from_torchvision(config, split: str) -> Arrays:
-  """`split` from torchvision's `.data` and `.targets`.
+  """`split` from torchvision's `.data` and `.targets`, in its own process.
 
-  `config.data_dir` is its root ('' is ~/torchvision_datasets), where it
-  downloads the files unless they are there.
+  `config.data_dir`: its root, where it downloads the files if need be.
   """
   if importlib.util.find_spec('torchvision') is None:
     raise DataError(
