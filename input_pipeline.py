@@ -40,16 +40,13 @@ def get_builder(config) -> tfds.core.DatasetBuilder:
 
 
 def _prepare(builder, config) -> None:
-  """Prepares the data set from the manual directory, or downloads it.
-
-  A manual directory named or existing must hold every file: a missing one
-  is named, where TFDS would try a download that hangs.
-  """
+  """Prepares the data set from the manual directory, or downloads it."""
   directory = sources.named_manual_dir(config)
   if not directory:
     directory = os.path.join(builder.data_dir_root, 'downloads', 'manual')
     if not os.path.isdir(directory):
       directory = download_files(builder, config)
+  # Every file: for a missing one, TFDS would try a download that hangs.
   expected = sorted(info.filename for info in builder.url_infos.values())
   missing = [f for f in expected if not os.path.isfile(f'{directory}/{f}')]
   if missing:
@@ -75,12 +72,9 @@ def _prepare(builder, config) -> None:
 
 
 def download_files(builder, config) -> str:
-  """Downloads the data set's original files; returns their directory.
-
-  TFDS' download directory, or a local one where TFDS' is a bucket.
-  """
+  """Downloads the original files into TFDS' downloads; returns the folder."""
   root = str(builder.data_dir_root)
-  if '://' in root:
+  if '://' in root:  # A bucket: a local folder instead.
     root = os.path.join(tempfile.gettempdir(), 'tensorflow_datasets')
   directory = os.path.join(root, 'downloads', config.dataset)
   try:
@@ -107,7 +101,7 @@ def from_tfds(config, split: str) -> sources.Arrays:
   """`split` (any TFDS split or slice) from TFDS, prepared offline if need be.
 
   Kept beside TFDS' files: later runs need not decode 70,000 PNGs again.
-  Read in batches, not batch_size=-1, which `tfds.testing.mock_data` lacks.
+  Read in batches: batch_size=-1 aborts under `tfds.testing.mock_data`.
   """
   builder = get_builder(config)
   key = str(split)  # A ReadInstruction for a process's share.
@@ -115,9 +109,8 @@ def from_tfds(config, split: str) -> sources.Arrays:
   cache = f'{builder.data_dir}/arrays/{name}-{zlib.crc32(key.encode()):08x}.npz'
   if os.path.isfile(cache):
     with np.load(cache) as saved:
-      arrays = {'image': saved['image'], 'label': saved['label']}
-    if len(arrays['label']) == num_examples(builder, split):
-      return arrays
+      if len(saved['label']) == num_examples(builder, split):
+        return {'image': saved['image'], 'label': saved['label']}
   dataset = builder.as_dataset(split=split, batch_size=10_000)
   batches = list(tfds.as_numpy(dataset))
   arrays = sources.to_arrays(
@@ -143,13 +136,11 @@ SOURCES = {
 
 
 def split_arrays(config, split: str) -> sources.Arrays:
-  """`split` of `config.dataset` from `config.data_source`.
-
-  The sources other than TFDS read 'train' or 'test' whole, then slice it
-  as TFDS' syntax says ('train[:10%]', 'test[-500:]').
-  """
+  """`split` of `config.dataset` from `config.data_source`."""
   if config.data_source == 'tfds':
     return from_tfds(config, split)
+  # The others read 'train' or 'test' whole, then slice it as TFDS' syntax
+  # says, in examples or percent ('train[:10%]', 'test[-500:]').
   name, *bounds = config_checks.SPLIT.fullmatch(split).groups()
   arrays = SOURCES[config.data_source](config, name)
   n = len(arrays['label'])
@@ -224,7 +215,8 @@ def epoch_rest(config, step: int, steps: int, train_data) -> np.ndarray:
 def eval_batches(arrays: sources.Arrays, batch_size: int) -> sources.Arrays:
   """Every example once, in `(batches, batch_size, ...)` arrays with a 'mask'.
 
-  The last batch padded with zeros, masked out: one compiled step serves all.
+  The last batch padded with zeros, masked out: one compiled step serves
+  every batch, and the metrics count each example once.
   """
   n = len(arrays['label'])
   size = -(-n // batch_size) * batch_size

@@ -63,10 +63,7 @@ def named_manual_dir(config) -> str:
 
 
 def read_idx(path: str, ndim: int) -> np.ndarray:
-  """One IDX file of unsigned bytes (gzipped or not), its header checked.
-
-  A big-endian magic number 0x0800 + ndim, ndim 32-bit sizes, then the bytes.
-  """
+  """One IDX file of unsigned bytes (gzipped or not), its header checked."""
   try:
     with (gzip.open if path.endswith('.gz') else open)(path, 'rb') as f:
       data = f.read()
