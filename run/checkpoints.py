@@ -40,9 +40,8 @@ def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
 def save(saved, config, steps_per_epoch: int, objects, step: int, summary):
   """Saves `(model, optimizer, metrics)` at `step`; returns its position.
 
-  Raises:
-    WorkdirError: the checkpoint could not be written (a full disk, a
-      directory made read-only); the checkpoints before it are kept.
+  Raises WorkdirError where it cannot be written (a full disk, a directory
+  made read-only); the checkpoints before it are kept.
   """
   epoch = step // steps_per_epoch
   meta = {'step': step, 'epoch': epoch, 'steps_per_epoch': steps_per_epoch}
@@ -135,10 +134,8 @@ def restore_newest(saved, config, training: bool, **objects):
   One that orbax cannot read (a file truncated or lost) is skipped, with a
   warning where `objects` are restored. Returns its JSON item (None if
   there is no checkpoint) and the steps of the damaged ones newer than it.
-
-  Raises:
-    WorkdirError: no checkpoint restores, or the newest that does is of
-      another config or (`training`) past `config.num_epochs`.
+  Raises WorkdirError if none restores, or the newest that does is of
+  another config or (`training`) past `config.num_epochs`.
   """
   damaged = []
   for step in sorted(saved.all_steps(), reverse=True):

@@ -51,8 +51,7 @@ class EpochProgress:
   ):
     self._report, self._writer = report_progress, writer
     self._steps_per_epoch, self._batch_size = steps_per_epoch, batch_size
-    self._num_epochs = num_epochs
-    self._stream = stream or sys.stderr
+    self._num_epochs, self._stream = num_epochs, stream or sys.stderr
     self._bar = None  # tqdm's, for the epoch begun.
     self._first = self._last = 0
     self._start = self._last_time = 0.0

@@ -125,11 +125,7 @@ def imports_done() -> None:
 
 
 def hide_gpus() -> None:
-  """Imports TensorFlow (seconds: not before a run needs it), GPUs hidden.
-
-  TensorFlow would reserve most of a GPU's memory, JAX's, at its first
-  operation.
-  """
+  """Imports TensorFlow (seconds), GPUs hidden: it would take JAX's memory."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   tf.config.experimental.set_visible_devices([], 'GPU')

@@ -73,18 +73,14 @@ class NewStepsWriter:
 
 
 def create_writer(workdir: str, config, params) -> NewStepsWriter:
-  """The writer of `workdir`'s summaries, with the run's information.
-
-  A fresh run writes the hyperparameters too. Only process 0 writes event
-  files; the others log.
-  """
+  """The writer of `workdir`'s summaries (process 0's files, others' logs)."""
   last = {}  # Tag -> the last step of it that the event files hold.
   for step, _, value, _ in _events(workdir):
     last[value.tag] = max(step, last.get(value.tag, 0))
   writer = metric_writers.create_default_writer(
       workdir, just_logging=jax.process_index() > 0
   )
-  if not last:
+  if not last:  # A fresh run.
     writer.write_hparams(config.to_dict())
   writer = NewStepsWriter(writer, last)
   write_run_info(writer, config, params)
@@ -103,10 +99,7 @@ def write_run_info(writer, config, params) -> None:
 def misclassified_grid(
     images, labels, predicted, title: str = ''
 ) -> np.ndarray:
-  """The first GRID**2 test digits whose prediction is wrong, tiled, RGB.
-
-  Each captioned with its predicted label (red) and its true one (green).
-  """
+  """The first GRID**2 misclassified test digits, tiled and captioned, RGB."""
   wrong = np.flatnonzero(predicted != labels)
   size = images.shape[1] * SCALE
   grid = Image.new('RGB', (GRID * size, HEADER + GRID * (size + CAPTION)))
