@@ -1,13 +1,10 @@
 """Checkpoints of a training run, with orbax-checkpoint.
 
-A checkpoint is the state of the model (its dropout streams included), of
-the optimizer and of the training metrics, and a JSON item: the step, the
-epoch, the config and the last epoch's summary. The data order needs no
-more: it is a function of the seed and the epoch. Orbax renames a
-checkpoint into place when it is whole, so a killed run's is never listed.
-Before a run, the newest readable checkpoint must fit the config; one that
-cannot be restored (a file truncated or lost) is moved aside and the run
-resumes from the newest that restores.
+A checkpoint is the state of the model (its dropout streams included), the
+optimizer and the training metrics, and a JSON item: step, epoch, config,
+the last epoch's summary. The data order is a function of the seed and the
+epoch. Orbax renames a checkpoint into place when it is whole, so a killed
+run's is never listed.
 """
 
 import json
@@ -28,9 +25,9 @@ ITEMS = {'model': 'model', 'optimizer': 'optimizer', 'metrics': 'train_metrics'}
 def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
   """The checkpoints of `workdir`, the `keep` most recent kept.
 
-  Saved synchronously: a checkpoint of this model takes a fraction of a
-  second, and the training step donates the buffers an asynchronous save
-  would still be reading. The directory comes with the first save.
+  Saved synchronously: the training step donates the buffers that an
+  asynchronous save would still be reading. The directory comes with the
+  first save.
   """
   options = ocp.CheckpointManagerOptions(
       max_to_keep=keep, create=False, enable_async_checkpointing=False
@@ -43,26 +40,20 @@ def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
 def save(saved, config, steps_per_epoch: int, objects, step: int, summary):
   """Saves `(model, optimizer, metrics)` at `step`; returns its position.
 
-  Raises:
-    WorkdirError: the checkpoint could not be written (a full disk, a
-      directory made read-only); the checkpoints before it are kept.
+  Raises WorkdirError where it cannot be written (a full disk, a directory
+  made read-only); the checkpoints before it are kept.
   """
-  meta = {
-      'step': step,
-      'epoch': step // steps_per_epoch,
-      'steps_per_epoch': steps_per_epoch,
-      'config': config.to_dict(),
-      'summary': summary,
-  }
+  epoch = step // steps_per_epoch
+  meta = {'step': step, 'epoch': epoch, 'steps_per_epoch': steps_per_epoch}
+  meta.update(config=config.to_dict(), summary=summary)
   at = progress.position(step, steps_per_epoch)
   items = {
       ITEMS[name]: ocp.args.StandardSave(nnx.state(obj))
       for name, obj in zip(ITEMS, objects)
   }
+  items['meta'] = ocp.args.JsonSave(meta)
   try:
-    saved.save(
-        step, args=ocp.args.Composite(**items, meta=ocp.args.JsonSave(meta))
-    )
+    saved.save(step, args=ocp.args.Composite(**items))
   except Exception as e:  # pylint: disable=broad-except
     # Orbax and TensorStore raise many kinds of error for a failed write.
     kept = saved.latest_step()
@@ -83,10 +74,7 @@ def read_meta(saved, step: int) -> dict:
 
 
 def restore(saved, step: int, **objects) -> None:
-  """Puts the state of checkpoint `step` into `objects` (model=..., ...).
-
-  Only the items named are read: an export needs the model alone.
-  """
+  """Puts the state of checkpoint `step` into `objects` (model=..., ...)."""
   items = {
       ITEMS[name]: ocp.args.StandardRestore(nnx.state(obj))
       for name, obj in objects.items()
@@ -99,7 +87,7 @@ def restore(saved, step: int, **objects) -> None:
 def config_differences(saved: dict, config) -> list[str]:
   """'field saved -> now' for each field that a resumed run may not change.
 
-  `config` goes through JSON, as the checkpoint's (tuples become lists).
+  `config` goes through JSON, as the checkpoint's did (tuples become lists).
   """
   now = json.loads(json.dumps(config.to_dict()))
   show = lambda values, f: repr(values[f]) if f in values else 'absent'
@@ -130,11 +118,9 @@ def _check_fits(meta: dict, config, directory, training: bool) -> None:
 
 
 def _cause(error: Exception) -> str:
-  """The gist of an orbax or TensorStore error, whose text runs to pages.
-
-  A system error's own words ('File too large') precede '[os_error_code'.
-  """
+  """The gist of an orbax or TensorStore error, whose text runs to pages."""
   text = str(error)
+  # A system error's own words ('File too large') precede '[os_error_code'.
   system = re.search(r'([^:]+?) \[os_error_code', text)
   if system:
     return system.group(1).strip()
@@ -145,14 +131,11 @@ def _cause(error: Exception) -> str:
 def restore_newest(saved, config, training: bool, **objects):
   """Restores the newest checkpoint that restores and fits `config`.
 
-  A checkpoint that orbax cannot read is skipped, with a warning when
-  `objects` are restored (the scan of `checked_manager` reads the JSON items
-  alone, and warns not). Returns its JSON item (None if there is no
-  checkpoint) and the steps of the damaged ones newer than it.
-
-  Raises:
-    WorkdirError: no checkpoint restores, or the newest that does is of
-      another config or (`training`) past `config.num_epochs`.
+  One that orbax cannot read (a file truncated or lost) is skipped, with a
+  warning where `objects` are restored. Returns its JSON item (None if
+  there is no checkpoint) and the steps of the damaged ones newer than it.
+  Raises WorkdirError if none restores, or the newest that does is of
+  another config or (`training`) past `config.num_epochs`.
   """
   damaged = []
   for step in sorted(saved.all_steps(), reverse=True):
@@ -207,7 +190,7 @@ def resume(saved, config, model, optimizer, metrics):
         step,
         moved,
     )
-    saved.reload()
+  saved.reload()
   if meta is None:
     return 0, None
   at = progress.position(meta['step'], meta['steps_per_epoch'])

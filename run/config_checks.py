@@ -1,10 +1,9 @@
 """What each config field allows, and which a resumed run may change.
 
-`validate` checks every field of a config (configs/default.py's) before any
-work, so a mistyped value costs nothing: no data read, no file written. A
-check takes the value, the config and the number of devices, and returns
-None, or what the field allows. A field added to the config without a check
-here is a programming error (KeyError).
+`validate` checks every field before any work, so a mistyped value costs
+nothing. A check takes the value, the config and the number of devices, and
+returns None, or what the field allows. A field added to the config without
+a check here is a programming error (KeyError).
 """
 
 import math
@@ -45,11 +44,7 @@ def _devices_share(value, config, devices: int) -> str | None:
   """A batch size > 0 that the devices share evenly."""
   if value > 0 and value % devices == 0:
     return None
-  return (
-      'an integer > 0'
-      if devices == 1
-      else f'a multiple of the {devices} devices'
-  )
+  return f'a multiple of the {devices} devices' if devices > 1 else _POSITIVE
 
 
 def _split(value, config, devices) -> str | None:
@@ -70,7 +65,8 @@ def _split(value, config, devices) -> str | None:
 
 
 _ANY = _allows(lambda v: True, '')
-_POSITIVE_INT = _allows(lambda v: v > 0, 'an integer > 0')
+_POSITIVE = 'an integer > 0'
+_POSITIVE_INT = _allows(lambda v: v > 0, _POSITIVE)
 _FRACTION = _allows(lambda v: 0 <= v < 1, 'a number in [0, 1)')
 _URL = _allows(
     lambda v: not v or re.match(r'(https?|file)://', v),
@@ -113,22 +109,10 @@ CHECKS = {
 # data nor what training computes, at most its rounding (the CPU levers) or
 # dropout's random stream, not its distribution.
 RESUMABLE = frozenset(
-    {
-        'num_epochs',
-        'data_dir',
-        'manual_dir',
-        'download_url',
-        'test_split',
-        'eval_batch_size',
-        'progress_every_secs',
-        'checkpoint_every_epochs',
-        'checkpoints_to_keep',
-        'export_model_name',
-        'steps_per_call',
-        'cpu_levers',
-        'matmul_precision',
-        'narrow_dropout_bits',
-    }
+    'num_epochs data_dir manual_dir download_url test_split eval_batch_size '
+    'progress_every_secs checkpoint_every_epochs checkpoints_to_keep '
+    'export_model_name steps_per_call cpu_levers matmul_precision '
+    'narrow_dropout_bits'.split()
 )
 
 

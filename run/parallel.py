@@ -2,8 +2,7 @@
 
 The state is replicated; each batch is split along the 'data' axis, and XLA
 inserts the gradient all-reduce (jit with shardings, no pmap). Each process
-holds its share of the training data and feeds its devices' part of every
-batch.
+feeds its devices' part of every batch.
 """
 
 import jax
@@ -43,10 +42,8 @@ def replicate(tree, mesh: jax.sharding.Mesh):
 def global_batches(mesh: jax.sharding.Mesh, batches, whole: bool = False):
   """Global arrays `(steps, global batch, ...)` of this process's batches.
 
-  `batches` holds this process's `(steps, global batch / process count,
-  ...)` part of each batch, or, if `whole`, the whole batches, which every
-  process holds, of which each takes its part. The batch axis (1) is split
-  over the mesh's devices.
+  `batches` holds this process's share of each batch, or, if `whole`, the
+  whole batches (on every process), of which each process takes its share.
   """
   sharding = NamedSharding(mesh, P(None, AXIS))
   n, i = jax.process_count(), jax.process_index()

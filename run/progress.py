@@ -1,10 +1,9 @@
 """Progress of a run: clu's ReportProgress, a tqdm bar, its phases' seconds.
 
-clu's `ReportProgress` logs steps/s, percentage and ETA every
-`config.progress_every_secs`: what CI and log files get. On a terminal,
-tqdm's bar shows the epoch too, cleared while ReportProgress logs, so that
-log lines do not land inside it. `timed(phase)` records a phase's seconds
-as a JAX monitoring event, as JAX records its compilations, for
+clu's `ReportProgress` logs steps/s, percentage and ETA: what CI and log
+files get. On a terminal, tqdm's bar shows the epoch too, cleared while
+ReportProgress logs, so that log lines do not land inside it. `timed`
+records a phase's seconds as JAX records its compilations, for
 mnist_benchmark.py.
 """
 
@@ -52,8 +51,7 @@ class EpochProgress:
   ):
     self._report, self._writer = report_progress, writer
     self._steps_per_epoch, self._batch_size = steps_per_epoch, batch_size
-    self._num_epochs = num_epochs
-    self._stream = stream or sys.stderr
+    self._num_epochs, self._stream = num_epochs, stream or sys.stderr
     self._bar = None  # tqdm's, for the epoch begun.
     self._first = self._last = 0
     self._start = self._last_time = 0.0
@@ -63,17 +61,13 @@ class EpochProgress:
     """With clu's ReportProgress (which imports TensorFlow: not on import)."""
     from clu import periodic_actions  # pylint: disable=g-import-not-at-top
 
-    report_progress = periodic_actions.ReportProgress(
+    report = periodic_actions.ReportProgress(
         num_train_steps=config.num_epochs * steps_per_epoch,
         writer=writer,
         every_secs=config.progress_every_secs,
     )
     return cls(
-        report_progress,
-        steps_per_epoch,
-        config.batch_size,
-        config.num_epochs,
-        writer,
+        report, steps_per_epoch, config.batch_size, config.num_epochs, writer
     )
 
   def start(self, epoch: int, step: int | None = None) -> None:

@@ -1,14 +1,12 @@
 """What a command does before its imports, and about the libraries' noise.
 
-Every entry point calls `begin(sys.argv)` first, before the imports that
-take seconds (JAX, TensorFlow): a bad `--config` is then one line before
-JAX starts or anything is written; TensorFlow's C++ start-up lines
-(oneDNN's, printed before absl's logging is set up) and gRPC's INFO lines
-are held back unless `-v 1`. For training, SIGTERM and Ctrl-C are taken
-first (run/stop_signals.py), and the garbage collector is off while the
-imports make half a million objects that live until exit, which it would
-walk again and again for nothing: `imports_done` freezes them and turns it
-back on.
+Every entry point calls `begin(sys.argv)` before the imports that take
+seconds (JAX, TensorFlow): a bad `--config` is one line before anything
+starts; TensorFlow's C++ start-up lines (printed before absl's logging is
+set up) and gRPC's INFO lines are held back unless `-v 1`. For training,
+SIGTERM and Ctrl-C are taken first, and the garbage collector is off while
+the imports make half a million objects that live until exit, which it
+would walk again and again: `imports_done` freezes them and turns it on.
 """
 
 import asyncio
@@ -46,15 +44,15 @@ class ConfigFileError(Exception):
 def load_config(path: str):
   """`get_config()` of `--config=path` ('file.py' or 'file.py:argument').
 
-  As ml_collections' config_flags loads it. Raises ConfigFileError where the
-  file or its `get_config` is missing or cannot take the argument, and
+  As ml_collections' config_flags loads it. Raises ConfigFileError, or
   whatever the file's code raises.
   """
   file, colon, argument = path.partition(':')
   arguments = (argument,) if colon else ()
   if not os.path.isfile(file):
-    exists = os.path.exists(file)
-    raise ConfigFileError('not a file' if exists else 'no such file')
+    raise ConfigFileError(
+        'not a file' if os.path.exists(file) else 'no such file'
+    )
   spec = importlib.util.spec_from_file_location('config_file', file)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -100,8 +98,8 @@ def check_config(argv) -> None:
 def quiet(argv, tensorflow_log_level: int = 1) -> None:
   """TensorFlow's oneDNN and C++ log lines off, gRPC's but errors, unless -v 1.
 
-  TensorFlow reads these as it loads; what the user set stays. Level 1
-  hides TensorFlow's INFO lines (JAX's own default), 2 its warnings too.
+  What the user set stays. Level 1 hides TensorFlow's INFO lines, 2 its
+  warnings too.
   """
   if verbosity(argv) < 1:
     os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
@@ -127,11 +125,7 @@ def imports_done() -> None:
 
 
 def hide_gpus() -> None:
-  """Imports TensorFlow (seconds: not before a run needs it), GPUs hidden.
-
-  TensorFlow would reserve most of a GPU's memory, JAX's, at its first
-  operation (a summary, TFDS' decoding, the export).
-  """
+  """Imports TensorFlow (seconds), GPUs hidden: it would take JAX's memory."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   tf.config.experimental.set_visible_devices([], 'GPU')
@@ -140,8 +134,8 @@ def hide_gpus() -> None:
 def configure_jax(compilation_cache_dir: str) -> None:
   """JAX's persistent compilation cache in the directory, unless '' or set.
 
-  JAX keeps what took 1 s to compile; the run's many small computations
-  (initialisers, metrics, the schedule) take 10-700 ms each: kept too.
+  The run's many small computations (initialisers, metrics, the schedule)
+  are kept too, not only what took JAX's threshold of 1 s.
   """
   import jax  # pylint: disable=g-import-not-at-top
 
@@ -176,9 +170,8 @@ class QuietLibraries(logging.Filter):
   """Drops what orbax and TensorFlow log that the run says better itself.
 
   Their INFO records narrate a checkpoint or a SavedModel in dozens of
-  lines; the run logs one. A failed write's traceback, logged again and
-  again by orbax's and clu's threads and their asyncio loops, the run names
-  in its one line. Other warnings and errors pass.
+  lines; a failed write's traceback is logged again and again by orbax's
+  and clu's threads and their asyncio loops. The run logs one line.
   """
 
   def __init__(self):
@@ -186,8 +179,8 @@ class QuietLibraries(logging.Filter):
     top = lambda name: os.path.dirname(importlib.util.find_spec(name).origin)
     orbax = os.path.dirname(top('orbax.checkpoint')) + os.sep
     self._dirs = (orbax, top('tensorflow') + os.sep)
-    self._thread_dirs = (orbax, top('clu') + os.sep)
-    self._thread_dirs += (os.path.dirname(asyncio.__file__) + os.sep,)
+    asyncio_dir = os.path.dirname(asyncio.__file__) + os.sep
+    self._thread_dirs = (orbax, top('clu') + os.sep, asyncio_dir)
 
   def filter(self, record) -> bool:
     if record.levelno <= logging.INFO:
@@ -201,8 +194,8 @@ def quiet_logs(signals) -> None:
   """QuietLibraries on absl's handler; dropped errors' reports as DEBUG lines.
 
   After a failed checkpoint write, TensorStore's callbacks into orbax's
-  closed event loop fail a dozen times, each reported with a traceback.
-  `signals`, the process's StopSignals, takes those reports first.
+  closed event loop fail a dozen times. `signals`, the process's
+  StopSignals, takes Python's reports of them first.
   """
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
 

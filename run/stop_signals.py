@@ -1,16 +1,16 @@
 """SIGTERM and Ctrl-C (SIGINT): a prompt stop that loses nothing.
 
-Before training begins (imports, data, checkpoint restore, compilation),
-there is nothing to save: a signal raises SystemExit(128 + the signal) in
-the main thread, after one line saying what it interrupted, so that every
-`finally` on the way runs (the workdir's lock, temporary files); a process
-not ended `GRACE_SECS` later (in a long C++ call) ends then. A signal
-handled inside a finalizer, where Python drops exceptions, is delivered
-again once it returns. Once training has begun, a signal asks the loop to
-stop at its next dispatch, with a checkpoint (`asked`). A second Ctrl-C
-exits at once, even in a long computation: a thread reads the signals from
-Python's wakeup file descriptor, which the C handler writes to at once,
-where Python's handlers wait for the main thread to be back in Python.
+Before training begins (imports, data, restore, compilation) there is
+nothing to save: a signal raises SystemExit(128 + the signal) in the main
+thread, after one line saying what it interrupted, so that every `finally`
+runs (the workdir's lock, temporary files); a process not ended
+`GRACE_SECS` later (in a long C++ call) ends then. A signal handled inside
+a finalizer, where Python drops exceptions, is delivered again after it.
+Once training has begun, a signal asks the loop to stop at its next
+dispatch, with a checkpoint (`asked`). A second Ctrl-C exits at once, even
+in a long computation: a thread reads the signals from Python's wakeup
+file descriptor, written by the C handler at once, where Python's handlers
+wait for the main thread to be back in Python.
 """
 
 import atexit
@@ -27,7 +27,7 @@ GRACE_SECS = 5  # For a process interrupted before training to end itself.
 AGAIN_SECS = 0.05  # Before a signal dropped in a finalizer is sent again.
 
 # What the main thread is doing, by the innermost function of its stack in
-# one of these modules (module-level code is an import: not counted).
+# one of these modules.
 PHASES = {
     'data.download': 'downloading the data set',
     'tensorflow_datasets': 'preparing the data set',
@@ -46,10 +46,10 @@ class Stopped(Exception):
 def phase(frame) -> str:
   """What the stack from `frame` outwards is doing, for the user."""
   while frame is not None:
-    module = frame.f_globals.get('__name__', '')
-    for name, doing in PHASES.items():
-      if module == name or module.startswith(name + '.'):
-        if frame.f_code.co_name != '<module>':
+    module = frame.f_globals.get('__name__', '') + '.'
+    if frame.f_code.co_name != '<module>':  # Module-level code: an import.
+      for name, doing in PHASES.items():
+        if module.startswith(name + '.'):
           return doing
     frame = frame.f_back
   return 'starting up'
@@ -84,7 +84,7 @@ class StopSignals:
 
   def _interrupt(self, signum, frame) -> None:
     """Python's handler, in the main thread: before training, ends it there."""
-    if not self._training:
+    if not self._training:  # Else `_watch` has it.
       self._tell(signal.Signals(signum), frame)
       self._interrupted = signum
       raise SystemExit(128 + signum)
@@ -157,14 +157,11 @@ class StopSignals:
 
     Where another process was asked (a preempted job's host), SIGTERM's.
     """
-    received = self.received or signal.SIGTERM
-    cause = (
-        self.received.name
-        if self.received
-        else ('another process was asked to stop')
-    )
-    logging.warning('%s: %s', cause, stopped)
-    return 128 + received
+    if self.received:
+      logging.warning('%s: %s', self.received.name, stopped)
+      return 128 + self.received
+    logging.warning('another process was asked to stop: %s', stopped)
+    return 128 + signal.SIGTERM
 
 
 @functools.cache

@@ -1,13 +1,11 @@
 """TensorBoard summaries: clu's writer, the images and texts, read back.
 
-`create_writer` gives the run's clu metric writer, which leaves out what an
-interrupted run already wrote; `write_epoch` writes an epoch's scalars and
-its images (the mistakes, and after the last epoch the confusion matrix),
-drawn as uint8 RGB arrays. `read_scalars`, `read_images` and `read_texts`
-read a workdir's event files back.
+Images are drawn as uint8 RGB arrays. The event files are read back with
+TensorFlow, for the tests, the notebook and tools/plot.py.
 """
 
 import contextlib
+import functools
 import os
 import re
 
@@ -59,20 +57,15 @@ class NewStepsWriter:
   def __init__(self, writer: metric_writers.MetricWriter, last: dict):
     self._writer, self._last = writer, last
 
-  def _write(self, kind: str, step: int, values: dict) -> None:
+  def _write(self, method: str, step: int, values: dict) -> None:
     new = {k: v for k, v in values.items() if step > self._last.get(k, -1)}
     if new:
       with _write_errors():
-        getattr(self._writer, f'write_{kind}')(step, new)
+        getattr(self._writer, method)(step, new)
 
-  def write_scalars(self, step: int, scalars: dict) -> None:
-    self._write('scalars', step, scalars)
-
-  def write_images(self, step: int, images: dict) -> None:
-    self._write('images', step, images)
-
-  def write_texts(self, step: int, texts: dict) -> None:
-    self._write('texts', step, texts)
+  write_scalars = functools.partialmethod(_write, 'write_scalars')
+  write_images = functools.partialmethod(_write, 'write_images')
+  write_texts = functools.partialmethod(_write, 'write_texts')
 
   def flush(self) -> None:
     with _write_errors():
@@ -80,16 +73,14 @@ class NewStepsWriter:
 
 
 def create_writer(workdir: str, config, params) -> NewStepsWriter:
-  """The writer of `workdir`'s summaries, with the run's information.
-
-  A fresh run writes the hyperparameters, the config and the number of
-  `params` (a pytree). Only process 0 writes event files; the others log.
-  """
-  last = last_steps(workdir)
+  """The writer of `workdir`'s summaries (process 0's files, others' logs)."""
+  last = {}  # Tag -> the last step of it that the event files hold.
+  for step, _, value, _ in _events(workdir):
+    last[value.tag] = max(step, last.get(value.tag, 0))
   writer = metric_writers.create_default_writer(
       workdir, just_logging=jax.process_index() > 0
   )
-  if not last:
+  if not last:  # A fresh run.
     writer.write_hparams(config.to_dict())
   writer = NewStepsWriter(writer, last)
   write_run_info(writer, config, params)
@@ -108,10 +99,7 @@ def write_run_info(writer, config, params) -> None:
 def misclassified_grid(
     images, labels, predicted, title: str = ''
 ) -> np.ndarray:
-  """The first GRID**2 test digits whose prediction is wrong, tiled, RGB.
-
-  Each captioned with its predicted label (red) and its true one (green).
-  """
+  """The first GRID**2 misclassified test digits, tiled and captioned, RGB."""
   wrong = np.flatnonzero(predicted != labels)
   size = images.shape[1] * SCALE
   grid = Image.new('RGB', (GRID * size, HEADER + GRID * (size + CAPTION)))
@@ -183,8 +171,7 @@ def write_epoch(
 def _events(workdir: str):
   """(step, wall time, summary value, its tensor) of each value, in order.
 
-  A killed run may leave its last record unfinished: what precedes it is
-  read.
+  A killed run may leave its last record unfinished: what precedes it counts.
   """
   pattern = os.path.join(workdir, 'events.out.tfevents.*')
   for path in sorted(tf.io.gfile.glob(pattern)):
@@ -192,19 +179,10 @@ def _events(workdir: str):
       for record in tf.data.TFRecordDataset(path):
         event = tf.compat.v1.Event.FromString(record.numpy())
         for value in event.summary.value:
-          yield event.step, event.wall_time, value, tf.make_ndarray(
-              value.tensor
-          )
+          tensor = tf.make_ndarray(value.tensor)
+          yield event.step, event.wall_time, value, tensor
     except tf.errors.DataLossError:
       pass
-
-
-def last_steps(workdir: str) -> dict[str, int]:
-  """tag -> the last step of it that the event files in `workdir` hold."""
-  last = {}
-  for step, _, value, _ in _events(workdir):
-    last[value.tag] = max(step, last.get(value.tag, 0))
-  return last
 
 
 def read_scalars(workdir: str) -> dict[str, dict[int, tuple[float, float]]]:

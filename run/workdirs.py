@@ -65,10 +65,10 @@ def prepare(workdir: str) -> None:
 def exclusive(workdir: str, hold: bool = True):
   """Holds `workdir` for this process, or raises WorkdirError naming its holder.
 
-  filelock's lock on `<workdir>/run.lock`, which the system releases however
-  the process ends. The file names the holder while it runs and is removed
-  when it ends: a file found with a name in it is a killed run's. Not on
-  remote file systems (gs://): there, or without `hold`, nothing is held.
+  filelock's lock, which the system releases however the process ends. The
+  file names the holder while it runs and is removed when it ends: a file
+  found with a name in it is a killed run's. Nothing is held on remote file
+  systems (gs://), or without `hold`.
   """
   if not hold or '://' in workdir:
     yield
@@ -87,8 +87,7 @@ def exclusive(workdir: str, hold: bool = True):
     ) from None
   try:
     with open(path, 'r+') as f:
-      killed = f.read().strip()
-      if killed:
+      if killed := f.read().strip():
         logging.warning(
             'Taking over %s from %s, which ended without releasing it.',
             path,
