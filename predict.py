@@ -101,10 +101,8 @@ def load_image(path: str, invert: bool = False) -> np.ndarray:
           raise InputError(f'the image is {width}x{height} pixels; {bound}')
         grey = image.convert('L')
   except Image.DecompressionBombError:  # Over twice Pillow's bound.
-    pixels = 2 * Image.MAX_IMAGE_PIXELS
-    raise InputError(
-        f'the image claims over {pixels} pixels; {bound}'
-    ) from None
+    n = 2 * Image.MAX_IMAGE_PIXELS
+    raise InputError(f'the image claims over {n} pixels; {bound}') from None
   except UnidentifiedImageError:
     raise InputError('not an image that Pillow can read') from None
   except OSError as e:

@@ -114,10 +114,9 @@ def _tls_context(ca_file: str | None) -> ssl.SSLContext:
   """Verifies servers with the CA certificates of `ca_file`, else the system's."""
   try:
     return ssl.create_default_context(cafile=ca_file)
-  except (OSError, ssl.SSLError) as e:
-    raise InputError(
-        f'--ca_file={ca_file}: {one_line(getattr(e, "strerror", None) or e)}'
-    ) from None
+  except OSError as e:  # ssl.SSLError too.
+    cause = one_line(e.strerror or e)
+    raise InputError(f'--ca_file={ca_file}: {cause}') from None
 
 
 def _certificate_error(address: str, reason: str) -> InputError:

@@ -38,10 +38,12 @@ def pillow_bilinear_weights(in_size: tf.Tensor, out_size: int) -> tf.Tensor:
   return tf.floor(weights * 2**PRECISION_BITS + 0.5)
 
 
-def _resample(pixels: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:
-  """One pass of Pillow's resize: rounded, clipped to 8 bits."""
+def _resample(pixels: tf.Tensor) -> tf.Tensor:
+  """One pass of Pillow's resize, of the rows, rounded to 8 bits; transposed."""
+  weights = pillow_bilinear_weights(tf.shape(pixels)[1], IMAGE_SIZE)
   total = tf.matmul(pixels, weights) + 2 ** (PRECISION_BITS - 1)
-  return tf.clip_by_value(tf.floor(total / 2**PRECISION_BITS), 0.0, 255.0)
+  pixels = tf.clip_by_value(tf.floor(total / 2**PRECISION_BITS), 0.0, 255.0)
+  return tf.transpose(pixels)
 
 
 def _decode_grey(encoded: tf.Tensor) -> tf.Tensor:
@@ -54,11 +56,9 @@ def _decode_grey(encoded: tf.Tensor) -> tf.Tensor:
       lambda: tf.io.decode_jpeg(encoded, dct_method='INTEGER_ACCURATE'),
       lambda: tf.io.decode_image(encoded, expand_animations=False),
   )
-  rgb = tf.cond(
-      tf.shape(image)[-1] < 3,
-      lambda: tf.repeat(image[..., :1], 3, axis=-1),
-      lambda: image[..., :3],
-  )
+  # Grey (and alpha) as R = G = B; RGB(A) as R, G, B.
+  channels = tf.where(tf.shape(image)[-1] < 3, [0, 0, 0], [0, 1, 2])
+  rgb = tf.gather(image, channels, axis=-1)
   weighted = tf.cast(rgb, tf.int32) * tf.constant([19595, 38470, 7471])
   return tf.bitwise.right_shift(tf.reduce_sum(weighted, axis=-1) + 2**15, 16)
 
@@ -169,11 +169,8 @@ def _prepare(encoded: tf.Tensor) -> tf.Tensor:
   INVALID_ARGUMENT; decoding takes the checked tensor, so it runs after.
   """
   width, height, frame_pixels = claimed_size(encoded)
-  within = (
-      (width * height <= MAX_PIXELS)
-      & (tf.maximum(width, height) <= MAX_SIDE)
-      & (frame_pixels <= MAX_PIXELS)
-  )
+  claimed = tf.maximum(width * height, frame_pixels)
+  within = (claimed <= MAX_PIXELS) & (tf.maximum(width, height) <= MAX_SIDE)
   message = tf.where(
       frame_pixels > MAX_PIXELS,
       f'the frames of the GIF hold more than {MAX_PIXELS} pixels',
@@ -182,14 +179,9 @@ def _prepare(encoded: tf.Tensor) -> tf.Tensor:
   message = tf.strings.join([message, '; the model decodes ' + BOUND])
   with tf.control_dependencies([tf.debugging.Assert(within, [message])]):
     pixels = tf.cast(_decode_grey(tf.identity(encoded)), tf.float64)
-  height, width = tf.shape(pixels)[0], tf.shape(pixels)[1]
-  # Resizing to the size an image has already leaves it as it is.
-  pixels = _resample(pixels, pillow_bilinear_weights(width, IMAGE_SIZE))
-  pixels = _resample(
-      tf.transpose(pixels), pillow_bilinear_weights(height, IMAGE_SIZE)
-  )
-  image = tf.gather(PIXEL_VALUES, tf.cast(tf.transpose(pixels), tf.int32))
-  return image[..., None]
+  # Across, then down; an image of 28x28 already is left as it is.
+  pixels = _resample(_resample(pixels))
+  return tf.gather(PIXEL_VALUES, tf.cast(pixels, tf.int32))[..., None]
 
 
 @tf.function(input_signature=[tf.TensorSpec((None,), tf.string)])
