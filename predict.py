@@ -4,17 +4,15 @@
   python predict.py --server=localhost:8501 7.png     # TF Serving, REST
   python predict.py --grpc=localhost:8500 digits.npy  # TF Serving, gRPC
 
-Behind TLS: `--server=https://HOST[:PORT]`, `--grpc=HOST:PORT --grpc_tls`,
-verified with the system's CA certificates (REST), gRPC's own, or those of
-`--ca_file=PEM`. Inputs: images up to 4096x4096 pixels (what Pillow reads),
-prepared as training saw MNIST (grey, 28x28, in [0, 1]; `--invert` for dark
-ink on white), or `.npy` arrays of 28x28 images; with `--bytes`, the files
-as they are, which the `serving_bytes` signature prepares the same way.
+Inputs: images up to 4096x4096 pixels (what Pillow reads), prepared as
+training saw MNIST (`--invert` for dark ink on white); `.npy` arrays of 28x28
+images; with `--bytes`, the files as they are, for the `serving_bytes`
+signature to prepare. Behind TLS: `--server=https://HOST[:PORT]` or
+`--grpc_tls`, verified with the default CA certificates or `--ca_file`'s.
 
 One line per image: the input, the digit and its probability (JSON lines
 with `--json`). An input that cannot be classified gets one line on stderr
-naming it and the cause (a server without XLA, or on a TensorFlow older
-than 2.20, among them); the others are still classified; exit status 1.
+naming it and the cause; the others are still classified; exit status 1.
 """
 
 import os
@@ -37,7 +35,7 @@ import numpy as np
 from PIL import Image
 from PIL import UnidentifiedImageError
 from serving import classifiers
-from serving import signatures
+from serving.signatures import BOUND, BYTES_SIGNATURE, IMAGE_SIZE, MAX_PIXELS, MAX_SIDE
 
 FLAGS = flags.FLAGS
 InputError = classifiers.InputError
@@ -93,30 +91,24 @@ def load_image(path: str, invert: bool = False) -> np.ndarray:
   images, exactly the training data. An image whose header claims more than
   the bound is refused before it is decoded, as the bytes signature does.
   """
-  bound = f'predict.py decodes {signatures.BOUND}'
+  bound = f'predict.py decodes {BOUND}'
   try:
     with warnings.catch_warnings():  # Pillow warns of sizes over its bound.
       warnings.simplefilter('ignore', Image.DecompressionBombWarning)
       with Image.open(path) as image:
         width, height = image.size
-        if (
-            width * height > signatures.MAX_PIXELS
-            or max(width, height) > signatures.MAX_SIDE
-        ):
+        if width * height > MAX_PIXELS or max(width, height) > MAX_SIDE:
           raise InputError(f'the image is {width}x{height} pixels; {bound}')
         grey = image.convert('L')
   except Image.DecompressionBombError:  # Over twice Pillow's bound.
-    pixels = 2 * Image.MAX_IMAGE_PIXELS
-    raise InputError(
-        f'the image claims over {pixels} pixels; {bound}'
-    ) from None
+    n = 2 * Image.MAX_IMAGE_PIXELS
+    raise InputError(f'the image claims over {n} pixels; {bound}') from None
   except UnidentifiedImageError:
     raise InputError('not an image that Pillow can read') from None
   except OSError as e:
     raise InputError(_cause(e)) from None
-  size = (signatures.IMAGE_SIZE,) * 2
-  if grey.size != size:
-    grey = grey.resize(size, Image.Resampling.BILINEAR)
+  size = (IMAGE_SIZE,) * 2
+  grey = grey.resize(size, Image.Resampling.BILINEAR)
   pixels = np.asarray(grey, np.float32) / 255.0
   return (1.0 - pixels if invert else pixels).reshape(1, *size, 1)
 
@@ -136,16 +128,13 @@ def load_array(path: str) -> np.ndarray:
   if not isinstance(array, np.ndarray):  # np.load opens .npz archives too.
     array.close()
     raise InputError('an .npz archive, not a .npy array')
-  shape = array.shape
-  if shape[-1:] == (1,) and array.ndim in (3, 4):
-    array = array[..., 0]
-  if array.ndim == 2:
-    array = array[None]
-  if array.ndim != 3 or array.shape[1:] != (28, 28):
+  shape, image_shapes = array.shape, ((28, 28), (28, 28, 1))
+  if shape not in image_shapes and shape[1:] not in image_shapes:
     raise InputError(
         f'array of shape {shape}, expected (28, 28), (28, 28, 1), '
         '(n, 28, 28) or (n, 28, 28, 1)'
     )
+  array = array.reshape(-1, 28, 28, 1)
   if array.shape[0] == 0:
     raise InputError(f'array of shape {shape} holds no image')
   if array.dtype == np.uint8:
@@ -154,7 +143,7 @@ def load_array(path: str) -> np.ndarray:
     raise InputError(f'array of dtype {array.dtype}, expected uint8 or float')
   elif not (np.all(array >= 0.0) and np.all(array <= 1.0)):
     raise InputError('float array with values outside [0, 1]')
-  return array.astype(np.float32)[..., None]
+  return array.astype(np.float32)
 
 
 def load_bytes(path: str) -> np.ndarray:
@@ -200,50 +189,37 @@ def classify(
       print(f'error: {path}: {e}', file=err)
       failures += 1
       continue
-    many = len(outputs['probabilities']) > 1 or path.endswith('.npy')
-    for i, (probabilities, logits) in enumerate(
-        zip(outputs['probabilities'], outputs['logits'])
-    ):
-      name = f'{path}[{i}]' if many else path
-      digit = int(np.argmax(probabilities))
-      line = f'{name}: {digit} ({probabilities[digit]:.4f})'
-      if as_json:
-        line = json.dumps(
-            {
-                'input': name,
-                'digit': digit,
-                'probability': float(probabilities[digit]),
-                'probabilities': [float(p) for p in probabilities],
-                'logits': [float(l) for l in logits],
-            }
-        )
-      print(line, file=out)
+    probabilities, logits = outputs['probabilities'], outputs['logits']
+    many = len(logits) > 1 or path.endswith('.npy')
+    for i, digit in enumerate(probabilities.argmax(-1).tolist()):
+      row = {
+          'input': f'{path}[{i}]' if many else path,
+          'digit': digit,
+          'probability': float(probabilities[i, digit]),
+          'probabilities': probabilities[i].tolist(),
+          'logits': logits[i].tolist(),
+      }
+      line = '{input}: {digit} ({probability:.4f})'.format(**row)
+      print(json.dumps(row) if as_json else line, file=out)
   return failures
 
 
 def make_classifier():
   """The classifier that the flags name; InputError names the flag at fault."""
-  default = signatures.BYTES_SIGNATURE if FLAGS.bytes else 'serving_default'
+  default = BYTES_SIGNATURE if FLAGS.bytes else 'serving_default'
   signature = FLAGS.signature or default
-  if FLAGS.saved_model:
-    try:
-      return classifiers.SavedModelClassifier(FLAGS.saved_model, signature)
-    except Exception as e:  # pylint: disable=broad-except
-      # TensorFlow raises many kinds of error for a SavedModel it cannot load.
-      cause = classifiers.one_line(e)
-      raise InputError(f'--saved_model={FLAGS.saved_model}: {cause}') from None
+  server = (FLAGS.model_name, signature, FLAGS.timeout)
   if FLAGS.server:
-    return classifiers.RestClassifier(
-        FLAGS.server, FLAGS.model_name, signature, FLAGS.timeout, FLAGS.ca_file
-    )
-  return classifiers.GrpcClassifier(
-      FLAGS.grpc,
-      FLAGS.model_name,
-      signature,
-      FLAGS.timeout,
-      FLAGS.grpc_tls,
-      FLAGS.ca_file,
-  )
+    return classifiers.RestClassifier(FLAGS.server, *server, FLAGS.ca_file)
+  if FLAGS.grpc:
+    tls = (FLAGS.grpc_tls, FLAGS.ca_file)
+    return classifiers.GrpcClassifier(FLAGS.grpc, *server, *tls)
+  try:
+    return classifiers.SavedModelClassifier(FLAGS.saved_model, signature)
+  except Exception as e:  # pylint: disable=broad-except
+    # TensorFlow raises many kinds of error for a SavedModel it cannot load.
+    cause = classifiers.one_line(e)
+    raise InputError(f'--saved_model={FLAGS.saved_model}: {cause}') from None
 
 
 def main(argv):

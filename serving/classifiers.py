@@ -2,10 +2,8 @@
 
 Each classifier takes a batch (float images, or encoded ones as an object
 array of bytes) and returns its 'probabilities' and 'logits', `(n, 10)`
-NumPy arrays, or raises InputError with the cause in one line: the model's
-refusal, a server that does not answer or answers an error, a certificate
-that does not verify. Only the classifier that needs TensorFlow or gRPC
-imports them: REST needs neither.
+NumPy arrays, or raises InputError with the cause in one line. Only the
+classifier that needs TensorFlow or gRPC imports them: REST needs neither.
 """
 
 import base64
@@ -19,6 +17,8 @@ import urllib.request
 import numpy as np
 from serving.signatures import BYTES_INPUT_NAME, INPUT_NAME, NUM_CLASSES
 
+OUTPUTS = ('probabilities', 'logits')
+
 
 class InputError(Exception):
   """An input cannot be classified; the message is the cause, in one line."""
@@ -31,35 +31,33 @@ def one_line(text) -> str:
 # What TensorFlow says when it cannot run the export's XlaCallModule ops, and
 # what to do about it. TF Serving turns XLA off unless told otherwise; TF 2.19
 # cannot read the StableHLO of JAX 0.10, so the export needs TF 2.20.
-CAUSES = (
-    (
-        re.compile(r'XLA compilation disabled'),
+CAUSES = {
+    'XLA compilation disabled': (
         'TF Serving runs without XLA unless started with '
         '--xla_cpu_compilation_enabled=true '
-        '(--xla_gpu_compilation_enabled=true on its GPU image)',
+        '(--xla_gpu_compilation_enabled=true on its GPU image)'
     ),
     (
-        re.compile(
-            r'XlaCallModuleOp with version \d+ is not supported'
-            r'|Cannot deserialize computation'
-        ),
+        r'XlaCallModuleOp with version \d+ is not supported'
+        r'|Cannot deserialize computation'
+    ): (
         'the export needs TensorFlow 2.20 or later (a TF Serving built on '
-        'it: tensorflow/serving:2.20.0 or later)',
+        'it: tensorflow/serving:2.20.0 or later)'
     ),
-)
+}
 
 
 def _tensorflow_error(message) -> str:
-  """The cause in a TensorFlow error message, and what to do about it.
+  """The cause in a TensorFlow error message, and the remedy of CAUSES.
 
-  Its last line that is not indented (the node and the op's stack are), an
-  assertion's own words (the bytes signature's bound), a remedy of CAUSES.
+  The cause is its last line that is not indented (the node and the op's
+  stack are), or an assertion's own words (the bytes signature's bound).
   """
   lines = [l for l in str(message).splitlines() if l and not l[0].isspace()]
   cause = one_line(lines[-1] if lines else message)
   cause = re.sub(r'^assertion failed: \[(.*)\]$', r'\1', cause)
-  for pattern, remedy in CAUSES:
-    if pattern.search(str(message)):
+  for pattern, remedy in CAUSES.items():
+    if re.search(pattern, str(message)):
       return f'{cause}: {remedy}'
   return cause
 
@@ -81,13 +79,6 @@ def find_saved_model(directory: str) -> str:
   return os.path.join(directory, str(max(versions)))
 
 
-def _checked(outputs: dict, n: int, address: str) -> dict[str, np.ndarray]:
-  """A server's logits and probabilities, if they score the `n` images."""
-  if any(v.shape != (n, NUM_CLASSES) for v in outputs.values()):
-    raise InputError(f'server {address} answered with {n} images not scored')
-  return outputs
-
-
 class SavedModelClassifier:
   """Runs a signature of the SavedModel in this process, with TensorFlow only."""
 
@@ -105,52 +96,27 @@ class SavedModelClassifier:
     (self._input_name,) = self._function.structured_input_signature[1]
 
   def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
+    refusals = (self._tf.errors.InvalidArgumentError, TypeError, ValueError)
     try:
       outputs = self._function(**{self._input_name: self._tf.constant(images)})
-    except self._tf.errors.OpError as e:
-      if any(pattern.search(str(e)) for pattern, _ in CAUSES):
-        raise InputError(
-            f'TensorFlow {self._tf.__version__} cannot run the model: '
-            f'{_tensorflow_error(e)}'
-        ) from None
-      if not isinstance(e, self._tf.errors.InvalidArgumentError):
+    except (self._tf.errors.OpError, *refusals) as e:
+      if any(re.search(pattern, str(e)) for pattern in CAUSES):
+        what = f'TensorFlow {self._tf.__version__} cannot run the model'
+      elif isinstance(e, refusals):
+        what = 'the model refused it'
+      else:
         raise
-      raise InputError(
-          f'the model refused it: {_tensorflow_error(e)}'
-      ) from None
-    except (TypeError, ValueError) as e:
-      raise InputError(
-          f'the model refused it: {_tensorflow_error(e)}'
-      ) from None
+      raise InputError(f'{what}: {_tensorflow_error(e)}') from None
     return {k: v.numpy() for k, v in outputs.items()}
-
-
-def rest_request(images: np.ndarray, signature: str) -> dict:
-  """The body of TF Serving's REST predict request, in its row format.
-
-  Encoded images go as base64 in {"b64": ...}, TF Serving's form for binary
-  strings (https://www.tensorflow.org/tfx/serving/api_rest).
-  """
-  if images.dtype == object:
-    instances = [{'b64': base64.b64encode(data).decode()} for data in images]
-  else:
-    instances = [{INPUT_NAME: image.tolist()} for image in images]
-  return {'signature_name': signature, 'instances': instances}
-
-
-def rest_url(address: str) -> str:
-  """The URL of a REST address: `http://` is the scheme if it names none."""
-  return address.rstrip('/') if '://' in address else f'http://{address}'
 
 
 def _tls_context(ca_file: str | None) -> ssl.SSLContext:
   """Verifies servers with the CA certificates of `ca_file`, else the system's."""
   try:
     return ssl.create_default_context(cafile=ca_file)
-  except (OSError, ssl.SSLError) as e:
-    raise InputError(
-        f'--ca_file={ca_file}: {one_line(getattr(e, "strerror", None) or e)}'
-    ) from None
+  except OSError as e:  # ssl.SSLError too.
+    cause = one_line(e.strerror or e)
+    raise InputError(f'--ca_file={ca_file}: {cause}') from None
 
 
 def _certificate_error(address: str, reason: str) -> InputError:
@@ -160,21 +126,46 @@ def _certificate_error(address: str, reason: str) -> InputError:
   )
 
 
-class RestClassifier:
-  """POSTs to TF Serving's REST API: /v1/models/<model>:predict."""
+class _Server:
+  """A classifier behind TF Serving at `address`; its errors name it."""
+
+  def __init__(self, address, model_name, signature, timeout):
+    self.address, self.model_name = address, model_name
+    self.signature, self.timeout = signature, timeout
+
+  def _error(self, what: str) -> InputError:
+    return InputError(f'server {self.address} {what}')
+
+  def _checked(self, outputs: dict, n: int) -> dict[str, np.ndarray]:
+    """The logits and probabilities, if they score the `n` images."""
+    if any(v.shape != (n, NUM_CLASSES) for v in outputs.values()):
+      raise self._error(f'answered with {n} images not scored')
+    return outputs
+
+
+class RestClassifier(_Server):
+  """POSTs rows to TF Serving's REST API, /v1/models/<model>:predict.
+
+  Encoded images go as {"b64": ...}, its form for binary strings
+  (https://www.tensorflow.org/tfx/serving/api_rest).
+  """
 
   def __init__(self, address, model_name, signature, timeout, ca_file=None):
-    self.address, self.signature, self.timeout = address, signature, timeout
-    self.url = f'{rest_url(address)}/v1/models/{model_name}:predict'
-    https = self.url.startswith('https://')
+    super().__init__(address, model_name, signature, timeout)
+    # `http://` is the scheme if the address names none.
+    url = address.rstrip('/') if '://' in address else f'http://{address}'
+    self.url = f'{url}/v1/models/{model_name}:predict'
+    https = url.startswith('https://')
     self._context = _tls_context(ca_file) if https else None
 
   def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
-    request = urllib.request.Request(
-        self.url,
-        data=json.dumps(rest_request(images, self.signature)).encode(),
-        headers={'Content-Type': 'application/json'},
-    )
+    if images.dtype == object:
+      instances = [{'b64': base64.b64encode(data).decode()} for data in images]
+    else:
+      instances = [{INPUT_NAME: image.tolist()} for image in images]
+    payload = {'signature_name': self.signature, 'instances': instances}
+    request = urllib.request.Request(self.url, json.dumps(payload).encode())
+    request.add_header('Content-Type', 'application/json')
     try:
       with urllib.request.urlopen(
           request, timeout=self.timeout, context=self._context
@@ -185,33 +176,25 @@ class RestClassifier:
         cause = _tensorflow_error(json.loads(e.read())['error'])
       except (ValueError, KeyError, TypeError, OSError):
         cause = one_line(e.reason)
-      raise InputError(
-          f'server {self.address} answered {e.code}: {cause}'
-      ) from None
+      raise self._error(f'answered {e.code}: {cause}') from None
     except (urllib.error.URLError, OSError) as e:
       reason = getattr(e, 'reason', e)
       if isinstance(reason, ssl.SSLCertVerificationError):
         raise _certificate_error(self.address, reason.verify_message) from None
-      raise InputError(
-          f'server {self.address} does not answer ({one_line(reason)})'
-      ) from None
+      raise self._error(f'does not answer ({one_line(reason)})') from None
     except json.JSONDecodeError:
-      raise InputError(f'server {self.address} answered with no JSON') from None
-    rows = body.get('predictions') if isinstance(body, dict) else None
+      raise self._error('answered with no JSON') from None
     try:
-      outputs = {
-          k: np.array([row[k] for row in rows], np.float32)
-          for k in ('probabilities', 'logits')
-      }
+      rows = body['predictions']
+      outputs = {k: np.array([r[k] for r in rows], np.float32) for k in OUTPUTS}
     except (TypeError, KeyError, ValueError):
-      raise InputError(
-          f'server {self.address} answered without predictions of logits '
-          'and probabilities'
+      raise self._error(
+          'answered without predictions of logits and probabilities'
       ) from None
-    return _checked(outputs, len(images), self.address)
+    return self._checked(outputs, len(images))
 
 
-class GrpcClassifier:
+class GrpcClassifier(_Server):
   """Calls TF Serving's gRPC PredictionService.Predict."""
 
   def __init__(
@@ -220,11 +203,11 @@ class GrpcClassifier:
     # pylint: disable=g-import-not-at-top
     import grpc
     import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
     from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-    self._grpc, self._tf = grpc, tf
-    self.address, self.model_name = address, model_name
-    self.signature, self.timeout = signature, timeout
+    super().__init__(address, model_name, signature, timeout)
+    self._grpc, self._tf, self._predict_pb2 = grpc, tf, predict_pb2
     if tls:
       root_certificates = None  # gRPC's own.
       if ca_file:
@@ -238,7 +221,13 @@ class GrpcClassifier:
     self._stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
 
   def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
-    request = grpc_request(images, self.model_name, self.signature)
+    tf = self._tf
+    encoded = images.dtype == object
+    tensor = tf.make_tensor_proto(images, tf.string if encoded else tf.float32)
+    request = self._predict_pb2.PredictRequest(
+        model_spec={'name': self.model_name, 'signature_name': self.signature},
+        inputs={BYTES_INPUT_NAME if encoded else INPUT_NAME: tensor},
+    )
     try:
       response = self._stub.Predict(request, timeout=self.timeout)
     except self._grpc.RpcError as e:
@@ -249,39 +238,12 @@ class GrpcClassifier:
         raise _certificate_error(self.address, failed.group(1)) from None
       codes = self._grpc.StatusCode
       if code in (codes.UNAVAILABLE, codes.DEADLINE_EXCEEDED):
-        raise InputError(
-            f'server {self.address} does not answer ({code.name}: '
-            f'{one_line(details)})'
-        ) from None
-      raise InputError(
-          f'server {self.address} answered {code.name}: '
-          f'{_tensorflow_error(details)}'
-      ) from None
+        cause = f'{code.name}: {one_line(details)}'
+        raise self._error(f'does not answer ({cause})') from None
+      cause = _tensorflow_error(details)
+      raise self._error(f'answered {code.name}: {cause}') from None
     try:
-      outputs = {
-          k: self._tf.make_ndarray(response.outputs[k])
-          for k in ('probabilities', 'logits')
-      }
+      outputs = {k: tf.make_ndarray(response.outputs[k]) for k in OUTPUTS}
     except (KeyError, TypeError, ValueError):
-      raise InputError(
-          f'server {self.address} answered without logits and probabilities'
-      ) from None
-    return _checked(outputs, len(images), self.address)
-
-
-def grpc_request(images: np.ndarray, model_name: str, signature: str):
-  """TF Serving's PredictRequest: the batch as the signature's named input."""
-  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf
-  from tensorflow_serving.apis import predict_pb2
-
-  request = predict_pb2.PredictRequest()
-  request.model_spec.name = model_name
-  request.model_spec.signature_name = signature
-  name, dtype = (
-      (BYTES_INPUT_NAME, tf.string)
-      if images.dtype == object
-      else (INPUT_NAME, tf.float32)
-  )
-  request.inputs[name].CopyFrom(tf.make_tensor_proto(images, dtype=dtype))
-  return request
+      raise self._error('answered without logits and probabilities') from None
+    return self._checked(outputs, len(images))

@@ -32,20 +32,20 @@ def next_version(model_dir: str) -> int:
 
 
 def requests(model_name: str, images, pixels) -> list:
-  """A predict request for each signature, as PredictionLogs.
+  """A PredictionLog of a request for each signature.
 
-  The float signatures get `images` (float32 in [0, 1]); `serving_bytes`
-  gets `pixels` (the same images as uint8) encoded as PNG files.
+  The float signatures get `images` (float32 in [0, 1]), `serving_bytes`
+  `pixels` (the same images as uint8) encoded as PNG files.
   """
   inputs = {key: (INPUT_NAME, images) for key in SIGNATURES}
   pngs = np.array([tf.io.encode_png(p).numpy() for p in pixels], object)
   inputs[BYTES_SIGNATURE] = (BYTES_INPUT_NAME, pngs)
   logs = []
   for key, (name, value) in inputs.items():
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = model_name
-    request.model_spec.signature_name = key
-    request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
+    request = predict_pb2.PredictRequest(
+        model_spec={'name': model_name, 'signature_name': key},
+        inputs={name: tf.make_tensor_proto(value)},
+    )
     log = prediction_log_pb2.PredictLog(request=request)
     logs.append(prediction_log_pb2.PredictionLog(predict_log=log))
   return logs
@@ -54,12 +54,9 @@ def requests(model_name: str, images, pixels) -> list:
 def export_saved_model(model: nnx.Module, model_dir: str) -> str:
   """Writes the eval-mode `model` to `<model_dir>/<next version>/`; returns it.
 
-  The float signatures take `(None, 28, 28, 1)` float32 images in [0, 1]
-  named 'image', the bytes signature `(None,)` encoded images named
-  'image_bytes'; all return 'logits' and 'probabilities', `(None, 10)`. The
-  version appears by a rename on the same file system (atomic on a local
-  one): TF Serving never loads a half-written one. What a killed export left
-  is removed first.
+  Signatures as serving/signatures.py names them. The version appears by a
+  rename on the same file system (atomic on a local one): TF Serving never
+  loads a half-written one. What a killed export left is removed first.
   """
   model.eval()
   graphdef, weights, rest = nnx.split(model, (nnx.Param, nnx.BatchStat), ...)
@@ -74,13 +71,9 @@ def export_saved_model(model: nnx.Module, model_dir: str) -> str:
       input_polymorphic_shape='(b, ...)',
       jax2tf_kwargs={'native_serialization_platforms': PLATFORMS},
   )
-  if tf.io.gfile.isdir(model_dir):
-    for name in tf.io.gfile.listdir(model_dir):
-      name = name.strip('/')
-      if name.startswith('.') and name.endswith(INCOMPLETE):
-        left = os.path.join(model_dir, name)
-        logging.warning('Removing an incomplete export: %s', left)
-        tf.io.gfile.rmtree(left)
+  for left in tf.io.gfile.glob(os.path.join(model_dir, f'.*{INCOMPLETE}')):
+    logging.warning('Removing an incomplete export: %s', left)
+    tf.io.gfile.rmtree(left)
   version = str(next_version(model_dir))
   incomplete = os.path.join(model_dir, f'.{version}{INCOMPLETE}')
   floats = tf.TensorSpec((None, *IMAGE_SHAPE), tf.float32, name=INPUT_NAME)

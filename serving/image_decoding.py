@@ -1,13 +1,10 @@
 """Turns encoded images into the model's input, inside the SavedModel's graph.
 
-The `serving_bytes` signature takes PNG, JPEG, GIF, BMP or WebP files, so a
-client needs neither NumPy nor Pillow, and prepares them as predict.py does
-with Pillow, to the same pixels: Pillow's integer luma and its fixed-point
-bilinear resize (TensorFlow's `rgb_to_grayscale` and `resize` differ by a
-grey level here and there, which would change the logits). A header that
-claims more pixels than the bound (serving/signatures.py) is refused before
-decoding, as INVALID_ARGUMENT: TensorFlow's decoders fill out any size a
-few hundred bytes claim.
+`serving_bytes` takes PNG, JPEG, GIF, BMP or WebP files and makes the very
+pixels that predict.py makes with Pillow: Pillow's integer luma and bilinear
+resize, as TensorFlow's own ops differ by a grey level here and there. A
+header that claims more than the bound (serving/signatures.py) is refused
+before decoding: TensorFlow's decoders fill out any size a few bytes claim.
 """
 
 import numpy as np
@@ -24,54 +21,46 @@ PIXEL_VALUES = np.arange(256, dtype=np.float32) / np.float32(255)
 def pillow_bilinear_weights(in_size: tf.Tensor, out_size: int) -> tf.Tensor:
   """`(in_size, out_size)` integer weights of Pillow's bilinear resize.
 
-  Pillow's `precompute_coeffs` and `normalize_coeffs_8bpc`: a triangle
+  Pillow's `precompute_coeffs` and `normalize_coeffs_8bpc`: a triangle,
   widened when shrinking, normalised per output pixel, times 2**22, rounded;
   float64, in which the sums of 8-bit pixels times them are exact.
   """
   in_size = tf.cast(in_size, tf.float64)
   scale = in_size / out_size
-  filter_scale = tf.maximum(scale, 1.0)
-  support = filter_scale  # The bilinear filter's support is 1.
+  support = tf.maximum(scale, 1.0)
   center = (tf.range(out_size, dtype=tf.float64) + 0.5) * scale
   first = tf.maximum(tf.floor(center - support + 0.5), 0.0)
   end = tf.minimum(tf.floor(center + support + 0.5), in_size)
   x = tf.range(in_size, dtype=tf.float64)[:, None]
-  triangle = tf.maximum(
-      1.0 - tf.abs((x - center + 0.5) * (1.0 / filter_scale)), 0.0
-  )
+  triangle = tf.maximum(1.0 - tf.abs((x - center + 0.5) * (1.0 / support)), 0.0)
   weights = tf.where((x >= first) & (x < end), triangle, 0.0)
   weights /= tf.reduce_sum(weights, axis=0)
   return tf.floor(weights * 2**PRECISION_BITS + 0.5)
 
 
-def _resample(pixels: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:
-  """One pass of Pillow's resize: rounded, clipped to 8 bits."""
+def _resample(pixels: tf.Tensor) -> tf.Tensor:
+  """One pass of Pillow's resize, of the rows, rounded to 8 bits; transposed."""
+  weights = pillow_bilinear_weights(tf.shape(pixels)[1], IMAGE_SIZE)
   total = tf.matmul(pixels, weights) + 2 ** (PRECISION_BITS - 1)
-  return tf.clip_by_value(tf.floor(total / 2**PRECISION_BITS), 0.0, 255.0)
+  pixels = tf.clip_by_value(tf.floor(total / 2**PRECISION_BITS), 0.0, 255.0)
+  return tf.transpose(pixels)
 
 
-def grey(rgb: tf.Tensor) -> tf.Tensor:
-  """Pillow's RGB to 'L' conversion: (19595 R + 38470 G + 7471 B + 2**15) >> 16."""
-  weighted = tf.cast(rgb, tf.int32) * tf.constant([19595, 38470, 7471])
-  return tf.bitwise.right_shift(tf.reduce_sum(weighted, axis=-1) + 2**15, 16)
+def _decode_grey(encoded: tf.Tensor) -> tf.Tensor:
+  """The `(height, width)` int32 luma of one image, as Pillow's 'L' makes it.
 
-
-def decode_rgb(encoded: tf.Tensor) -> tf.Tensor:
-  """The `(height, width, 3)` uint8 pixels of one image, as Pillow decodes it.
-
-  JPEGs with Pillow's accurate integer DCT; grey repeated over the channels
-  (luma keeps it), alpha dropped (Pillow's 'L' ignores it).
+  JPEGs by Pillow's accurate integer DCT; alpha ignored, as Pillow does.
   """
   image = tf.cond(
       tf.io.is_jpeg(encoded),
       lambda: tf.io.decode_jpeg(encoded, dct_method='INTEGER_ACCURATE'),
       lambda: tf.io.decode_image(encoded, expand_animations=False),
   )
-  return tf.cond(
-      tf.shape(image)[-1] < 3,
-      lambda: tf.repeat(image[..., :1], 3, axis=-1),
-      lambda: image[..., :3],
-  )
+  # Grey (and alpha) as R = G = B; RGB(A) as R, G, B.
+  channels = tf.where(tf.shape(image)[-1] < 3, [0, 0, 0], [0, 1, 2])
+  rgb = tf.gather(image, channels, axis=-1)
+  weighted = tf.cast(rgb, tf.int32) * tf.constant([19595, 38470, 7471])
+  return tf.bitwise.right_shift(tf.reduce_sum(weighted, axis=-1) + 2**15, 16)
 
 
 def _uint(data: tf.Tensor, offset, length: int, big_endian=False):
@@ -95,11 +84,9 @@ def _gif_frame_pixels(encoded: tf.Tensor, header: tf.Tensor) -> tf.Tensor:
   n = tf.size(data, out_type=tf.int64)
   data = tf.concat([data, tf.zeros([16], tf.int64)], 0)  # Reads past the end.
 
-  def colour_table(packed):
-    two = tf.constant(2, tf.int64)
-    return tf.where(
-        packed >= 128, 3 * tf.bitwise.left_shift(two, packed % 8), 0
-    )
+  def colour_table(packed):  # Its size in bytes, by a packed fields byte.
+    size = 3 * tf.bitwise.left_shift(tf.constant(2, tf.int64), packed % 8)
+    return tf.where(packed >= 128, size, 0)
 
   def more(position, in_sub_blocks, pixels):
     byte = data[tf.minimum(position, n)]
@@ -127,9 +114,8 @@ def _gif_frame_pixels(encoded: tf.Tensor, header: tf.Tensor) -> tf.Tensor:
 def claimed_size(encoded: tf.Tensor):
   """Width, height and (GIF) frames' pixels that an image's header claims.
 
-  From the header of each format TensorFlow decodes: PNG's IHDR, JPEG's
-  SOF, GIF's screen and frame descriptors, BMP's header, WebP's VP8, VP8L
-  or VP8X chunk. Zeros for other bytes, which decoding refuses.
+  PNG's IHDR, JPEG's SOF, GIF's screen and frame descriptors, BMP's header,
+  WebP's VP8, VP8L or VP8X chunk; zeros for other bytes, which decoding refuses.
   """
   head = tf.strings.substr(encoded, 0, 32)
   header = tf.cast(tf.io.decode_raw(head, tf.uint8, fixed_length=32), tf.int64)
@@ -140,10 +126,8 @@ def claimed_size(encoded: tf.Tensor):
     return _uint(header, 16, 4, True), _uint(header, 20, 4, True), zero
 
   def jpeg():
-    height, width, _ = tf.unstack(
-        tf.image.extract_jpeg_shape(encoded, tf.int64)
-    )
-    return width, height, zero
+    shape = tf.image.extract_jpeg_shape(encoded, tf.int64)
+    return shape[1], shape[0], zero
 
   def gif():
     frames = _gif_frame_pixels(encoded, header)
@@ -155,23 +139,14 @@ def claimed_size(encoded: tf.Tensor):
 
   def webp():  # VP8: 14 bits; VP8L: 14 bits, less one; VP8X: 24, less one.
     chunk, vp8l = tf.strings.substr(head, 12, 4), _uint(header, 21, 4)
-    pick = lambda vp8, lossless, extended: tf.where(
-        chunk == b'VP8 ',
-        vp8,
-        tf.where(
-            chunk == b'VP8L',
-            lossless,
-            tf.where(chunk == b'VP8X', extended, zero),
-        ),
-    )
-    width = pick(
-        _uint(header, 26, 2) % 2**14, vp8l % 2**14 + 1, _uint(header, 24, 3) + 1
-    )
-    height = pick(
-        _uint(header, 28, 2) % 2**14,
-        vp8l // 2**14 % 2**14 + 1,
-        _uint(header, 27, 3) + 1,
-    )
+    width = height = zero
+    for name, (w, h) in {
+        b'VP8 ': (_uint(header, 26, 2) % 2**14, _uint(header, 28, 2) % 2**14),
+        b'VP8L': (vp8l % 2**14 + 1, vp8l // 2**14 % 2**14 + 1),
+        b'VP8X': (_uint(header, 24, 3) + 1, _uint(header, 27, 3) + 1),
+    }.items():
+      width = tf.where(chunk == name, w, width)
+      height = tf.where(chunk == name, h, height)
     return width, height, zero
 
   webp_file = starts(b'RIFF') & (tf.strings.substr(head, 8, 4) == b'WEBP')
@@ -187,54 +162,35 @@ def claimed_size(encoded: tf.Tensor):
   )
 
 
-def bounded(encoded: tf.Tensor) -> tf.Tensor:
-  """`encoded`, once its claimed size is within the bound; else an error.
+def _prepare(encoded: tf.Tensor) -> tf.Tensor:
+  """One encoded image as a `(28, 28, 1)` float32 image in [0, 1].
 
-  INVALID_ARGUMENT, `assertion failed: [<the size and the bound>]`; the
-  decoding ops take the returned tensor, so they run only after the check.
+  An image over the bound fails `assertion failed: [<its size; the bound>]`,
+  INVALID_ARGUMENT; decoding takes the checked tensor, so it runs after.
   """
   width, height, frame_pixels = claimed_size(encoded)
-  within = (
-      (width * height <= MAX_PIXELS)
-      & (tf.maximum(width, height) <= MAX_SIDE)
-      & (frame_pixels <= MAX_PIXELS)
-  )
+  claimed = tf.maximum(width * height, frame_pixels)
+  within = (claimed <= MAX_PIXELS) & (tf.maximum(width, height) <= MAX_SIDE)
   message = tf.where(
       frame_pixels > MAX_PIXELS,
       f'the frames of the GIF hold more than {MAX_PIXELS} pixels',
       tf.strings.format('the image is {}x{} pixels', (width, height)),
   )
   message = tf.strings.join([message, '; the model decodes ' + BOUND])
-  check = tf.debugging.Assert(within, [message])
-  with tf.control_dependencies([check]):
-    return tf.identity(encoded)
-
-
-def prepare(encoded: tf.Tensor) -> tf.Tensor:
-  """One encoded image as a `(28, 28, 1)` float32 image in [0, 1]."""
-  pixels = tf.cast(grey(decode_rgb(bounded(encoded))), tf.float64)
-  height, width = tf.shape(pixels)[0], tf.shape(pixels)[1]
-  # Resizing to the size an image has already leaves it as it is.
-  pixels = _resample(pixels, pillow_bilinear_weights(width, IMAGE_SIZE))
-  pixels = _resample(
-      tf.transpose(pixels), pillow_bilinear_weights(height, IMAGE_SIZE)
-  )
-  image = tf.gather(PIXEL_VALUES, tf.cast(tf.transpose(pixels), tf.int32))
-  return image[..., None]
+  with tf.control_dependencies([tf.debugging.Assert(within, [message])]):
+    pixels = tf.cast(_decode_grey(tf.identity(encoded)), tf.float64)
+  # Across, then down; an image of 28x28 already is left as it is.
+  pixels = _resample(_resample(pixels))
+  return tf.gather(PIXEL_VALUES, tf.cast(pixels, tf.int32))[..., None]
 
 
 @tf.function(input_signature=[tf.TensorSpec((None,), tf.string)])
 def decode(encoded: tf.Tensor) -> tf.Tensor:
   """A `(n,)` batch of encoded images as a `(n, 28, 28, 1)` float32 batch.
 
-  One image at a time: a request costs the memory of decoding one image,
-  within the bound, however many it holds.
+  One image at a time: a request of many costs the memory of one.
   """
+  image = tf.TensorSpec((IMAGE_SIZE, IMAGE_SIZE, 1), tf.float32)
   return tf.map_fn(
-      prepare,
-      encoded,
-      parallel_iterations=1,
-      fn_output_signature=tf.TensorSpec(
-          (IMAGE_SIZE, IMAGE_SIZE, 1), tf.float32
-      ),
+      _prepare, encoded, parallel_iterations=1, fn_output_signature=image
   )

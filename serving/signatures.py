@@ -1,7 +1,7 @@
 """The exported SavedModel's signatures: their names, what they take and give.
 
-Shared by the exporter (export.py, image_decoding.py) and its client
-(predict.py), which imports neither JAX nor TensorFlow's graph code.
+Shared by the exporter and its client (predict.py, which imports neither JAX
+nor TensorFlow's graph code).
 """
 
 # Those in SIGNATURES take float images in [0, 1]; TF Serving's REST API uses
@@ -17,10 +17,9 @@ BYTES_SIGNATURE = 'serving_bytes'
 BYTES_INPUT_NAME = 'image_bytes'
 
 # The largest image that the bytes signature and predict.py decode, by the
-# size its header claims: what one image costs a server is then bounded,
-# whatever its bytes say. 4096x4096 holds a 12 MP phone photo (4000x3000) of
-# a digit; a side is bounded too, as the resize's weights grow with it. A
-# GIF's frames count together: TensorFlow decodes them all.
+# size its header claims, which bounds what one image costs a server. 4096x4096
+# holds a 12 MP phone photo of a digit; a side is bounded too, as the resize's
+# weights grow with it. A GIF's frames count together: TensorFlow decodes all.
 MAX_PIXELS = 4096 * 4096
 MAX_SIDE = 16384
 BOUND = f'at most {MAX_PIXELS} pixels (4096x4096), {MAX_SIDE} on a side'
