@@ -68,14 +68,12 @@ def for_config(config, platform=None, flags=None):
   logging.info('Matmul precision: %s.', matmul_precision(config, platform))
   if (platform or jax.default_backend()) != 'cpu' or not config.cpu_levers:
     return nnx
-  bf16 = bf16_matmuls(config, platform, flags)[0]
   conv, dot = matmuls.conv_general_dilated, jax.lax.dot_general
-  if bf16:
+  if bf16_matmuls(config, platform, flags)[0]:
     conv, dot = matmuls.conv_general_dilated_bf16, matmuls.dot_general_bf16
+  narrow = config.narrow_dropout_bits
   return types.SimpleNamespace(
       Conv=functools.partial(nnx.Conv, conv_general_dilated=conv),
       Linear=functools.partial(nnx.Linear, dot_general=dot),
-      Dropout=dropout.NarrowDropout
-      if config.narrow_dropout_bits
-      else nnx.Dropout,
+      Dropout=dropout.NarrowDropout if narrow else nnx.Dropout,
   )

@@ -1,14 +1,13 @@
 """Kernels for Flax's layers on a CPU: convolutions as matmuls, bf16 matmuls.
 
-`nnx.Conv` takes `conv_general_dilated`, `nnx.Linear` `dot_general`, when
-built (cpu/layers.py). XLA's CPU backend runs a convolution's transposed
-gradients slowly, above all inside `lax.scan`; as matmuls (im2col) the same
-sums run fast. bf16 operands with float32 results, forward and backward, as
-a TPU's default precision, where the CPU multiplies bf16 natively. What
-they do not cover (strides, dilations, groups, other paddings) `lax`
-computes, as stock Flax does.
+XLA's CPU backend runs a convolution's transposed gradients slowly, above
+all inside `lax.scan`; as matmuls (im2col) the same sums run fast. bf16
+operands with float32 results, forward and backward, as a TPU's default
+precision, where the CPU multiplies bf16 natively. What they do not cover
+(strides, dilations, groups, other paddings) `lax` computes.
 """
 
+import functools
 import itertools
 import math
 
@@ -18,8 +17,6 @@ import jax.numpy as jnp
 
 _NHWC = ('NHWC', 'HWIO', 'NHWC')
 
-# The convolutions trained as matmuls.
-
 
 def _conv(x, kernel):
   """Stride-1 'SAME' convolution, NHWC images and HWIO kernel."""
@@ -28,47 +25,42 @@ def _conv(x, kernel):
   )
 
 
+def _pad(x, kh: int, kw: int) -> jax.Array:
+  """`x` with the zero border that a 'SAME' kernel reads."""
+  return jnp.pad(x, ((0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2), (0, 0)))
+
+
 def _shifted(x, kh: int, kw: int) -> list[jax.Array]:
-  """The `kh * kw` windows of zero-padded `x` that a 'SAME' kernel tap reads."""
+  """The `kh * kw` windows of `_pad(x)` that a 'SAME' kernel's taps read."""
   h, w = x.shape[1:3]
-  padded = jnp.pad(x, ((0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2), (0, 0)))
+  padded = _pad(x, kh, kw)
   return [padded[:, i : i + h, j : j + w] for i in range(kh) for j in range(kw)]
 
 
 def _patches(x, kh: int, kw: int) -> jax.Array:
   """im2col: `(B*H*W, kh*kw*C)`, the inputs of each output pixel in a row."""
-  return jnp.concatenate(_shifted(x, kh, kw), axis=-1).reshape(
-      -1, kh * kw * x.shape[-1]
-  )
-
-
-def _padded_rows(g, kh: int, kw: int) -> jax.Array:
-  """`g`'s pixels as rows, with the zero border that `_shifted` pads inputs."""
-  pad = ((0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2), (0, 0))
-  return jnp.pad(g, pad).reshape(-1, g.shape[-1])
+  windows = jnp.concatenate(_shifted(x, kh, kw), axis=-1)
+  return windows.reshape(-1, kh * kw * x.shape[-1])
 
 
 def _col2im(patch_grads, shape, kh: int, kw: int) -> jax.Array:
   """The transpose of `_patches`: each tap's part added back where it read.
 
-  A row of `patch_grads` a pixel of the output gradient padded by
-  `_padded_rows`: each tap's window is a slice of it, all summed in one pass.
+  `patch_grads` rows are the pixels of the `_pad`ded output gradient: each
+  tap's window, mirrored, is a slice of them, all summed in one pass.
   """
   b, h, w, c = shape
   taps = patch_grads.reshape(b, h + kh - 1, w + kw - 1, kh * kw, c)
-  windows = [
-      taps[:, kh - 1 - i : kh - 1 - i + h, kw - 1 - j : kw - 1 - j + w, t]
-      for t, (i, j) in enumerate(itertools.product(range(kh), range(kw)))
-  ]
-  return sum(windows[1:], windows[0])
+  starts = itertools.product(range(kh - 1, -1, -1), range(kw - 1, -1, -1))
+  slices = [taps[:, i : i + h, j : j + w, t] for t, (i, j) in enumerate(starts)]
+  return sum(slices[1:], slices[0])
 
 
 @jax.custom_vjp
 def conv_same(x, kernel):
-  """`_conv`, trained as matmuls: the patches give the forward pass (but for
-  one input channel: nine taps, not a matmul) and the kernel gradient.
-
-  Where no gradient is taken, as in evaluation, `_conv` computes it.
+  """`_conv`, trained as matmuls: the patches give the kernel gradient and,
+  but for one input channel (nine taps), the forward pass; `_conv` computes
+  it where no gradient is taken, as in evaluation.
   """
   return _conv(x, kernel)
 
@@ -86,21 +78,17 @@ def _conv_same_bwd(residuals, g):
   patches, kernel = residuals
   kh, kw, cin, cout = kernel.shape
   dkernel = (patches.T @ g.reshape(-1, cout)).reshape(kernel.shape)
-  dpatches = _padded_rows(g, kh, kw) @ kernel.reshape(-1, cout).T
+  dpatches = _pad(g, kh, kw).reshape(-1, cout) @ kernel.reshape(-1, cout).T
   return _col2im(dpatches, (*g.shape[:3], cin), kh, kw), dkernel
 
 
 conv_same.defvjp(_conv_same_fwd, _conv_same_bwd)
 
-# bf16 operands, float32 results. XLA gives YNNPACK's bf16 kernels only dots
-# with a float32 result whose left operand is contracted on its last axis,
-# the right on its first (xla/backends/cpu/ynn_support.cc), and converts the
-# others to float32: a transposed operand is a copy XLA does not fold.
-
-
-def _dot(a, b) -> jax.Array:
-  """`a @ b` of bf16 operands, its result float32: YNNPACK's bf16 dot."""
-  return jnp.dot(a, b, preferred_element_type=jnp.float32)
+# bf16 operands, float32 results: YNNPACK's bf16 dot. XLA gives it only dots
+# whose left operand is contracted on its last axis, the right on its first
+# (xla/backends/cpu/ynn_support.cc), and converts the others to float32: a
+# transposed operand is a copy XLA does not fold.
+_dot = functools.partial(jnp.dot, preferred_element_type=jnp.float32)
 
 
 def _transposed(a) -> jax.Array:
@@ -134,27 +122,23 @@ matmul_bf16.defvjp(_matmul_bf16_fwd, _matmul_bf16_bwd)
 
 
 def _bf16_patches(x, kh: int, kw: int) -> jax.Array:
-  """`_patches` of `x` rounded to bf16, moved as bits.
-
-  XLA's CPU backend moves bf16 through float32, uint16 as it is, and pairs
-  of channels as uint32 words faster still.
+  """`_patches` of `x` rounded to bf16, moved as bits: XLA's CPU backend
+  moves bf16 through float32, uint16 as it is, uint32 pairs faster still.
   """
-  b, h, w, c = x.shape
-  if c % 2:
-    bits = lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
-    return lax.bitcast_convert_type(_patches(bits, kh, kw), jnp.bfloat16)
-  pairs = x.astype(jnp.bfloat16).reshape(b, h, w, c // 2, 2)
-  patches = _patches(lax.bitcast_convert_type(pairs, jnp.uint32), kh, kw)
-  return lax.bitcast_convert_type(patches, jnp.bfloat16).reshape(
-      -1, kh * kw * c
-  )
+  x = x.astype(jnp.bfloat16)
+  if x.shape[-1] % 2:
+    words = lax.bitcast_convert_type(x, jnp.uint16)
+  else:  # Pairs of channels.
+    words = lax.bitcast_convert_type(x.reshape(*x.shape[:3], -1, 2), jnp.uint32)
+  patches = lax.bitcast_convert_type(_patches(words, kh, kw), jnp.bfloat16)
+  return patches.reshape(-1, kh * kw * x.shape[-1])
 
 
 def _bf16_kernel_gradient(x, g, kh: int, kw: int) -> jax.Array:
   """`_bf16_patches(x).T @ g`, the kernel gradient, `g` bf16.
 
-  The transposed patches are windows of `x` transposed to (C, H, W, B),
-  pairs of images as uint32 words: a transposed copy moves slowly.
+  Windows of `x` transposed to (C, H, W, B), pairs of images as uint32
+  words: a transposed copy moves slowly.
   """
   b, h, w, c = x.shape
   if b % 2:  # Pairs of images: one more, of zeros, adds nothing.
@@ -162,15 +146,10 @@ def _bf16_kernel_gradient(x, g, kh: int, kw: int) -> jax.Array:
     b += 1
   bits = lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
   pairs = bits.transpose(3, 1, 2, 0).reshape(c, h, w, b // 2, 2)
-  windows = jnp.concatenate(
-      _shifted(lax.bitcast_convert_type(pairs, jnp.uint32), kh, kw), axis=0
-  )
-  patches_t = lax.bitcast_convert_type(
-      lax.bitcast_convert_type(windows, jnp.uint16).reshape(
-          kh * kw * c, h * w * b
-      ),
-      jnp.bfloat16,
-  )
+  words = _shifted(lax.bitcast_convert_type(pairs, jnp.uint32), kh, kw)
+  halves = lax.bitcast_convert_type(jnp.concatenate(words, axis=0), jnp.uint16)
+  patches_t = halves.reshape(kh * kw * c, h * w * b)
+  patches_t = lax.bitcast_convert_type(patches_t, jnp.bfloat16)
   return _dot(patches_t, g.transpose(1, 2, 0, 3).reshape(-1, g.shape[-1]))
 
 
@@ -192,7 +171,7 @@ def _conv_same_bf16_bwd(residuals, g):
   kh, kw, _, cout = kernel.shape
   g = g.astype(jnp.bfloat16)
   matrix = kernel.reshape(-1, cout).astype(jnp.bfloat16)
-  dpatches = _dot(_padded_rows(g, kh, kw), _transposed(matrix))
+  dpatches = _dot(_pad(g, kh, kw).reshape(-1, cout), _transposed(matrix))
   dkernel = _bf16_kernel_gradient(x, g, kh, kw).reshape(kernel.shape)
   return _col2im(dpatches, x.shape, kh, kw), dkernel
 
@@ -203,16 +182,14 @@ conv_same_bf16.defvjp(_conv_same_bf16_fwd, _conv_same_bf16_bwd)
 def _covered(lhs, rhs, window_strides, padding, **kwargs) -> bool:
   """Whether `conv_same` computes this `lax.conv_general_dilated` call."""
   ones = (None, (1, 1))
+  unset = ('precision', 'preferred_element_type', 'out_sharding')
   return (
       lhs.ndim == 4
       and tuple(window_strides) == (1, 1)
       and padding == 'SAME'
-      and kwargs.get('lhs_dilation') in ones
-      and kwargs.get('rhs_dilation') in ones
+      and all(kwargs.get(k) in ones for k in ('lhs_dilation', 'rhs_dilation'))
       and kwargs.get('feature_group_count', 1) == 1
-      and kwargs.get('precision') is None
-      and kwargs.get('preferred_element_type') is None
-      and kwargs.get('out_sharding') is None
+      and all(kwargs.get(k) is None for k in unset)
       and kwargs.get('dimension_numbers')
       == lax.conv_dimension_numbers(lhs.shape, rhs.shape, _NHWC)
       and rhs.shape[0] % 2 == rhs.shape[1] % 2 == 1
