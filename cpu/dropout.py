@@ -63,4 +63,6 @@ class NarrowDropout(nnx.Dropout):
     dtype, threshold = keep_bits
     keep = threshold / 2 ** jnp.iinfo(dtype).bits
     draws = narrow_draws(stream(), inputs.shape, dtype)
-    return lax.select(draws < threshold, inputs / keep, jnp.zeros_like(inputs))
+    return lax.select(
+        draws < dtype(threshold), inputs / keep, jnp.zeros_like(inputs)
+    )

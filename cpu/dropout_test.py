@@ -67,6 +67,12 @@ def test_narrow_dropout_keeps_at_the_rate_with_the_same_state(rate):
   assert not np.array_equal(got != 0, expected != 0)  # Another stream.
 
 
+def test_a_rate_that_needs_32_bit_draws_compares_them_as_unsigned():
+  narrow = dropout.NarrowDropout(1e-9, rngs=nnx.Rngs(0))
+  assert dropout.narrow_keep_bits(1 - 1e-9)[1] > np.iinfo(np.int32).max
+  assert (np.asarray(narrow(np.ones((64, 64), np.float32))) != 0).all()
+
+
 def test_narrow_dropout_draws_16_bits_and_only_in_training():
   layer = dropout.NarrowDropout(0.025, rngs=nnx.Rngs(0))
   x = np.ones((64, 28, 28, 32), np.float32)
