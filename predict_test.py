@@ -255,7 +255,7 @@ def grpc_recorder(grpc_server):
   server.start()
   yield f'127.0.0.1:{port}', servicer.requests
   server.stop(0).wait()
-  servicer._channel.close()  # pylint: disable=protected-access
+  servicer._channel.close()
 
 
 @pytest.fixture(scope='module')
@@ -954,7 +954,7 @@ def test_without_xla_predict_names_the_flag(model_base_path, tmp_path, pngs):
     ],
 )
 def test_a_tensorflow_too_old_for_the_export_is_named(message):
-  assert classifiers._tensorflow_error(message) == (  # pylint: disable=protected-access
+  assert classifiers.tensorflow_error(message) == (
       f'{message.splitlines()[0]}: the export needs TensorFlow 2.20 or later '
       '(a TF Serving built on it: tensorflow/serving:2.20.0 or later)'
   )

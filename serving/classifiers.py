@@ -47,7 +47,7 @@ CAUSES = {
 }
 
 
-def _tensorflow_error(message) -> str:
+def tensorflow_error(message) -> str:
   """The cause in a TensorFlow error message, and the remedy of CAUSES.
 
   The cause is its last line that is not indented (the node and the op's
@@ -106,7 +106,7 @@ class SavedModelClassifier:
         what = 'the model refused it'
       else:
         raise
-      raise InputError(f'{what}: {_tensorflow_error(e)}') from None
+      raise InputError(f'{what}: {tensorflow_error(e)}') from None
     return {k: v.numpy() for k, v in outputs.items()}
 
 
@@ -173,7 +173,7 @@ class RestClassifier(_Server):
         body = json.loads(response.read())
     except urllib.error.HTTPError as e:
       try:
-        cause = _tensorflow_error(json.loads(e.read())['error'])
+        cause = tensorflow_error(json.loads(e.read())['error'])
       except (ValueError, KeyError, TypeError, OSError):
         cause = one_line(e.reason)
       raise self._error(f'answered {e.code}: {cause}') from None
@@ -240,7 +240,7 @@ class GrpcClassifier(_Server):
       if code in (codes.UNAVAILABLE, codes.DEADLINE_EXCEEDED):
         cause = f'{code.name}: {one_line(details)}'
         raise self._error(f'does not answer ({cause})') from None
-      cause = _tensorflow_error(details)
+      cause = tensorflow_error(details)
       raise self._error(f'answered {code.name}: {cause}') from None
     try:
       outputs = {k: tf.make_ndarray(response.outputs[k]) for k in OUTPUTS}
