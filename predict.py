@@ -35,7 +35,7 @@ import numpy as np
 from PIL import Image
 from PIL import UnidentifiedImageError
 from serving import classifiers
-from serving.signatures import BOUND, BYTES_SIGNATURE, IMAGE_SIZE, MAX_PIXELS, MAX_SIDE
+from serving import signatures
 
 FLAGS = flags.FLAGS
 InputError = classifiers.InputError
@@ -91,23 +91,26 @@ def load_image(path: str, invert: bool = False) -> np.ndarray:
   images, exactly the training data. An image whose header claims more than
   the bound is refused before it is decoded, as the bytes signature does.
   """
-  bound = f'predict.py decodes {BOUND}'
+  bound = f'predict.py decodes {signatures.BOUND}'
   try:
     with warnings.catch_warnings():  # Pillow warns of sizes over its bound.
       warnings.simplefilter('ignore', Image.DecompressionBombWarning)
       with Image.open(path) as image:
         width, height = image.size
-        if width * height > MAX_PIXELS or max(width, height) > MAX_SIDE:
+        if (
+            width * height > signatures.MAX_PIXELS
+            or max(width, height) > signatures.MAX_SIDE
+        ):
           raise InputError(f'the image is {width}x{height} pixels; {bound}')
         grey = image.convert('L')
   except Image.DecompressionBombError:  # Over twice Pillow's bound.
-    n = 2 * Image.MAX_IMAGE_PIXELS
-    raise InputError(f'the image claims over {n} pixels; {bound}') from None
+    most = 2 * Image.MAX_IMAGE_PIXELS
+    raise InputError(f'the image claims over {most} pixels; {bound}') from None
   except UnidentifiedImageError:
     raise InputError('not an image that Pillow can read') from None
   except OSError as e:
     raise InputError(_cause(e)) from None
-  size = (IMAGE_SIZE,) * 2
+  size = (signatures.IMAGE_SIZE,) * 2
   grey = grey.resize(size, Image.Resampling.BILINEAR)
   pixels = np.asarray(grey, np.float32) / 255.0
   return (1.0 - pixels if invert else pixels).reshape(1, *size, 1)
@@ -206,7 +209,7 @@ def classify(
 
 def make_classifier():
   """The classifier that the flags name; InputError names the flag at fault."""
-  default = BYTES_SIGNATURE if FLAGS.bytes else 'serving_default'
+  default = signatures.BYTES_SIGNATURE if FLAGS.bytes else 'serving_default'
   signature = FLAGS.signature or default
   server = (FLAGS.model_name, signature, FLAGS.timeout)
   if FLAGS.server:
