@@ -141,15 +141,19 @@ def split_arrays(config, split: str) -> sources.Arrays:
     return from_tfds(config, split)
   # The others read 'train' or 'test' whole, then slice it as TFDS' syntax
   # says, in examples or percent ('train[:10%]', 'test[-500:]').
-  name, *bounds = config_checks.SPLIT.fullmatch(split).groups()
+  name, start, stop = config_checks.SPLIT.fullmatch(split).groups()
   arrays = SOURCES[config.data_source](config, name)
   n = len(arrays['label'])
-  start, stop = (
-      round(int(b[:-1]) * n / 100) if b and b.endswith('%') else b and int(b)
-      for b in bounds
-  )
+  part = slice(_bound(start, n), _bound(stop, n))
   # A copy: a small slice does not keep the whole split in memory.
-  return {k: v[start:stop].copy() for k, v in arrays.items()}
+  return {k: v[part].copy() for k, v in arrays.items()}
+
+
+def _bound(bound: str | None, n: int) -> int | None:
+  """A slice bound, in examples or in percent of the `n` examples (TFDS')."""
+  if bound and bound.endswith('%'):
+    return round(int(bound[:-1]) * n / 100)
+  return None if bound is None else int(bound)
 
 
 def load(config) -> tuple[sources.Arrays, sources.Arrays]:
