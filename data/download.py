@@ -9,7 +9,6 @@ import contextlib
 import hashlib
 import http.client
 import os
-import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -65,11 +64,18 @@ def fetch(url_infos: dict, directory: str, mirror: str = '') -> None:
     try:
       with urllib.request.urlopen(url, timeout=TIMEOUT_SECS) as response:
         with whole_file(path) as f:
-          shutil.copyfileobj(response, f)
+          # At most one byte more than the file: a server cannot fill the disk.
+          data = response.read(int(info.size) + 1)
+          f.write(data)
           f.flush()
           if not _is_whole(f.name, info):
+            sent = (
+                len(data)
+                if len(data) <= info.size
+                else f'over {int(info.size)}'
+            )
             raise DownloadError(
-                f'{url} sent {f.tell()} bytes that are not the file TFDS '
+                f'{url} sent {sent} bytes that are not the file TFDS '
                 f'registers ({int(info.size)} bytes, SHA-256 '
                 f'{info.checksum[:12]}...)'
             )

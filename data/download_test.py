@@ -54,6 +54,14 @@ def _listing(directory) -> list[str]:
   return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
 
 
+def _fetch_error(url_infos, mirror, target) -> tuple[str, str]:
+  """The mirror's URL, and the DownloadError that fetching from it raises."""
+  with _serving(mirror) as url:
+    with pytest.raises(download.DownloadError) as error:
+      download.fetch(url_infos, str(target), url)
+  return url, str(error.value)
+
+
 def test_the_four_files_are_fetched_checked_and_kept(
     url_infos, mirror, tmp_path
 ):
@@ -72,10 +80,8 @@ def test_the_four_files_are_fetched_checked_and_kept(
 def test_a_file_the_server_does_not_have(url_infos, mirror, tmp_path):
   (mirror / 'train-images-idx3-ubyte.gz').unlink()
   target = tmp_path / 'downloads'
-  with _serving(mirror) as url:
-    with pytest.raises(download.DownloadError) as error:
-      download.fetch(url_infos, str(target), url)
-  assert str(error.value) == (
+  url, error = _fetch_error(url_infos, mirror, target)
+  assert error == (
       f'cannot download {url}train-images-idx3-ubyte.gz (HTTP Error 404: '
       'File not found)'
   )
@@ -90,12 +96,24 @@ def test_a_truncated_file_is_not_kept(url_infos, mirror, tmp_path):
   path = mirror / 't10k-images-idx3-ubyte.gz'
   path.write_bytes(path.read_bytes()[:100_000])
   target = tmp_path / 'downloads'
-  with _serving(mirror) as url:
-    with pytest.raises(download.DownloadError) as error:
-      download.fetch(url_infos, str(target), url)
-  assert str(error.value) == (
+  url, error = _fetch_error(url_infos, mirror, target)
+  assert error == (
       f'{url}t10k-images-idx3-ubyte.gz sent 100000 bytes that are not the '
       'file TFDS registers (1648877 bytes, SHA-256 8d422c7b0a1c...)'
+  )
+  assert _listing(target) == []
+
+
+def test_a_file_longer_than_registered_is_read_no_further(
+    url_infos, mirror, tmp_path
+):
+  path = mirror / 't10k-images-idx3-ubyte.gz'
+  path.write_bytes(path.read_bytes() + bytes(50_000_000))
+  target = tmp_path / 'downloads'
+  url, error = _fetch_error(url_infos, mirror, target)
+  assert error == (
+      f'{url}t10k-images-idx3-ubyte.gz sent over 1648877 bytes that are not '
+      'the file TFDS registers (1648877 bytes, SHA-256 8d422c7b0a1c...)'
   )
   assert _listing(target) == []
 
