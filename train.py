@@ -26,11 +26,7 @@ from run import errors
 from run import parallel
 from run import progress
 from run import stop_signals
-
-# Pixel value k as a float: k / 255, rounded as the example's tf.data
-# `tf.cast(image, tf.float32) / 255` rounds it. Looked up: jitted, XLA turns
-# a division by 255 into a product by its reciprocal, one rounding off.
-PIXEL_VALUES = np.arange(256, dtype=np.float32) / np.float32(255)
+from serving import signatures
 
 
 class TrainingError(errors.UserError):
@@ -47,7 +43,7 @@ class NonFiniteLoss(Exception):
 
 def normalize(images) -> jax.Array:
   """uint8 pixels as float32 in [0, 1]: the Flax example's inputs, exactly."""
-  return jnp.asarray(PIXEL_VALUES)[images]
+  return jnp.asarray(signatures.PIXEL_VALUES)[images]
 
 
 def loss_fn(model: CNN, batch, rngs=None):

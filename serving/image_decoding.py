@@ -7,15 +7,11 @@ header that claims more than the bound (serving/signatures.py) is refused
 before decoding: TensorFlow's decoders fill out any size a few bytes claim.
 """
 
-import numpy as np
-from serving.signatures import BOUND, IMAGE_SIZE, MAX_PIXELS, MAX_SIDE
+from serving.signatures import BOUND, IMAGE_SIZE, MAX_PIXELS, MAX_SIDE, PIXEL_VALUES
 import tensorflow as tf
 
 # Pillow's fixed-point resampling of 8-bit images (libImaging/Resample.c).
 PRECISION_BITS = 22
-# Grey level k as a float, k / 255 as NumPy rounds it: looked up, since in a
-# graph TensorFlow turns a division by 255 into a product by its reciprocal.
-PIXEL_VALUES = np.arange(256, dtype=np.float32) / np.float32(255)
 
 
 def pillow_bilinear_weights(in_size: tf.Tensor, out_size: int) -> tf.Tensor:

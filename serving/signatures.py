@@ -1,8 +1,10 @@
 """The exported SavedModel's signatures: their names, what they take and give.
 
-Shared by the exporter and its client (predict.py, which imports neither JAX
-nor TensorFlow's graph code).
+Shared by the exporter, its client (predict.py, which imports neither JAX
+nor TensorFlow's graph code) and training, whose inputs they fix.
 """
+
+import numpy as np
 
 # Those in SIGNATURES take float images in [0, 1]; TF Serving's REST API uses
 # 'serving_default' when a request names none.
@@ -10,6 +12,11 @@ SIGNATURES = ('serving_default', 'mnist_server')
 INPUT_NAME = 'image'
 IMAGE_SIZE = 28
 IMAGE_SHAPE = (IMAGE_SIZE, IMAGE_SIZE, 1)
+# Grey level k as the model's input: k / 255 in float32, rounded as NumPy and
+# the Flax example's tf.data round it. Looked up, in training and in the bytes
+# signature: compiled, XLA and TensorFlow turn a division by 255 into a
+# product by its reciprocal, one rounding off.
+PIXEL_VALUES = np.arange(256, dtype=np.float32) / np.float32(255)
 # Each gives 'logits' and 'probabilities', (n, NUM_CLASSES): the digits 0-9.
 NUM_CLASSES = 10
 # Takes encoded images (PNG, JPEG, ...) and decodes them in the graph.
