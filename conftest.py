@@ -242,27 +242,38 @@ def oversized_images(tmp_path_factory) -> dict[str, str]:
   """Files of a few bytes to a few dozen KB, each over the decoding bound.
 
   name -> path. Some say the truth (a blank image of 5000x5000 pixels
-  compresses to next to nothing), some lie (a 16x16 JPEG or PNG whose header
-  claims more); 'frames.gif' is 20 frames of 1000x1000, within the bound
-  each but not together.
+  compresses to next to nothing), some lie (a 16x16 JPEG, PNG or BMP whose
+  header claims more).
   """
   directory = tmp_path_factory.mktemp('oversized')
   small = Image.new('L', (16, 16))
-  frames = [Image.new('L', (1000, 1000), 255 * (i % 2)) for i in range(20)]
   bmp = _encoded(small, 'BMP')
   files = {
       'blank.png': _encoded(Image.new('L', (5000, 5000)), 'PNG'),
-      'blank.webp': _encoded(
-          Image.new('L', (5000, 5000)), 'WEBP', lossless=True
-      ),
       'strip.png': _encoded(Image.new('L', (20000, 1)), 'PNG'),
       'claims.jpg': _claiming(_encoded(small, 'JPEG'), 5000, 5000),
       'claims.png': _claiming(_encoded(small, 'PNG'), 30000, 30000),
       'claims.bmp': bmp[:18] + struct.pack('<ii', 5000, 5000) + bmp[26:],
-      'frames.gif': _encoded(
-          frames[0], 'GIF', save_all=True, append_images=frames[1:]
-      ),
   }
   for name, data in files.items():
     (directory / name).write_bytes(data)
   return {name: str(directory / name) for name in files}
+
+
+@pytest.fixture(scope='session')
+def heap_corrupting_webp(tmp_path_factory) -> str:
+  """An animated 28x28 WebP whose first frame is 29 pixels wide.
+
+  TensorFlow's WebP decoder (every decode op, on these bytes) corrupts the
+  heap on it and aborts the process. The frame's width less one is the
+  24-bit little-endian field 6 bytes into the first ANMF chunk's payload.
+  """
+  frames = [Image.new('RGB', (28, 28), (255 * i, 0, 0)) for i in range(2)]
+  data = bytearray(
+      _encoded(frames[0], 'WEBP', save_all=True, append_images=frames[1:])
+  )
+  payload = data.index(b'ANMF') + 8
+  data[payload + 6 : payload + 9] = (28).to_bytes(3, 'little')
+  path = tmp_path_factory.mktemp('webp') / 'wide_frame.webp'
+  path.write_bytes(data)
+  return str(path)

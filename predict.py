@@ -6,8 +6,8 @@
 
 Inputs: images up to 4096x4096 pixels (what Pillow reads), prepared as
 training saw MNIST (`--invert` for dark ink on white); `.npy` arrays of 28x28
-images; with `--bytes`, the files as they are, for the `serving_bytes`
-signature to prepare. Behind TLS: `--server=https://HOST[:PORT]` or
+images; with `--bytes`, PNG, JPEG or BMP files as they are, for the
+`serving_bytes` signature to prepare. Behind TLS: `--server=https://HOST[:PORT]` or
 `--grpc_tls`, verified with the default CA certificates or `--ca_file`'s.
 
 One line per image: the input, the digit and its probability (JSON lines
@@ -155,9 +155,15 @@ def load_bytes(path: str) -> np.ndarray:
     raise InputError('an array, not an encoded image: leave out --bytes')
   try:
     with open(path, 'rb') as f:
-      return np.array([f.read()], object)
+      data = f.read()
   except OSError as e:
     raise InputError(_cause(e)) from None
+  if not data.startswith(tuple(signatures.BYTES_FORMATS.values())):
+    raise InputError(
+        f'not a {signatures.FORMATS} file, the formats that serving_bytes '
+        'decodes: leave out --bytes to decode it here'
+    )
+  return np.array([data], object)
 
 
 def load_input(path: str, invert=False, as_bytes=False) -> np.ndarray:

@@ -522,6 +522,26 @@ def test_rest_request_of_bytes_is_what_tf_serving_documents(
   }
 
 
+def test_predict_sends_as_bytes_only_what_the_signature_decodes(
+    trained_export, pngs, bad_inputs, heap_corrupting_webp
+):
+  classifier = classifiers.SavedModelClassifier(trained_export, 'serving_bytes')
+  paths = [bad_inputs['not_image'], heap_corrupting_webp, pngs[0]]
+  paths.append(bad_inputs['good_npy'])
+  failures, out, err = _classify(paths, classifier, as_bytes=True)
+  assert failures == 3
+  assert [line.split(':')[0] for line in out] == [pngs[0]]
+  not_sent = (
+      'not a PNG, JPEG or BMP file, the formats that serving_bytes decodes: '
+      'leave out --bytes to decode it here'
+  )
+  assert err == [
+      f'error: {paths[0]}: {not_sent}',
+      f'error: {paths[1]}: {not_sent}',
+      f'error: {paths[3]}: an array, not an encoded image: leave out --bytes',
+  ]
+
+
 @pytest.mark.parametrize(
     'way, answer',
     [
@@ -530,22 +550,33 @@ def test_rest_request_of_bytes_is_what_tf_serving_documents(
         ('grpc', 'server {} answered INVALID_ARGUMENT'),
     ],
 )
-def test_bytes_that_are_not_an_image(
-    way, answer, trained_export, rest_server, grpc_server, pngs, bad_inputs
+def test_the_bytes_signature_refuses_other_bytes_and_goes_on(
+    way, answer, trained_export, standin, pngs, heap_corrupting_webp
 ):
+  """The stand-in lives through the WebP that aborts TensorFlow's decoder."""
   classifier = _classifiers(
-      way, trained_export, rest_server, grpc_server, 'serving_bytes'
+      way, trained_export, standin.rest, standin.grpc, 'serving_bytes'
   )
-  address = {'rest': rest_server, 'grpc': grpc_server}.get(way, '')
-  paths = [bad_inputs['not_image'], pngs[0], bad_inputs['good_npy']]
-  failures, out, err = _classify(paths, classifier, as_bytes=True)
-  assert failures == 2
-  assert [line.split(':')[0] for line in out] == [pngs[0]]
-  assert err == [
-      f'error: {paths[0]}: {answer.format(address)}: Unknown image file '
-      'format. One of JPEG, JPEG XL, PNG, GIF, BMP, WebP required.',
-      f'error: {paths[2]}: an array, not an encoded image: leave out --bytes',
-  ]
+  address = {'rest': standin.rest, 'grpc': standin.grpc}.get(way, '')
+  with open(heap_corrupting_webp, 'rb') as f:
+    webp = f.read()
+  with open(pngs[0], 'rb') as f:
+    png = f.read()
+  formats = 'PNG, JPEG or BMP image, the formats the model decodes'
+  for data, why in [
+      (webp, f'the input is not a {formats}'),
+      (b'', f'the input is 0 bytes, too short to be a {formats}'),
+      (png[:7], f'the input is 7 bytes, too short to be a {formats}'),
+  ]:
+    with pytest.raises(predict.InputError) as refused:
+      classifier(np.array([data], object))
+    assert str(refused.value) == f'{answer.format(address)}: {why}'
+  logits = classifier(np.array([png], object))['logits']
+  floats = classifiers.SavedModelClassifier(trained_export, 'serving_default')
+  expected = floats(predict.load_input(pngs[0]))['logits']
+  np.testing.assert_allclose(logits, expected, atol=1e-5)
+  if way != 'saved_model':
+    assert standin.process.poll() is None
 
 
 # Bad inputs: one line each, naming the input and the cause; the others
@@ -730,11 +761,10 @@ def test_predict_refuses_images_over_the_bound_before_decoding(
 ):
   """Its own decoding (Pillow) too; the others are classified.
 
-  Pillow decodes a GIF's first frame alone: 'frames.gif' (1000x1000) is
-  classified. Pillow refuses sizes past twice its own bound by itself.
+  Pillow refuses sizes past twice its own bound by itself.
   """
   model = f'--saved_model={os.path.dirname(trained_export)}'
-  refused = {k: v for k, v in oversized_images.items() if k != 'frames.gif'}
+  refused = oversized_images
   (out, err), peak = _peak_rss_mb([model, *refused.values(), pngs[0]], tmp_path)
   (alone, _), peak_alone = _peak_rss_mb([model, pngs[0]], tmp_path)
   assert out == alone and len(out) == 1
@@ -837,8 +867,8 @@ def test_command_bytes(trained_export, pngs, bad_inputs):
   )
   assert result.returncode == 1, result.stderr
   assert result.stderr.strip().splitlines() == [
-      f'error: {bad_inputs["not_image"]}: the model refused it: Unknown image '
-      'file format. One of JPEG, JPEG XL, PNG, GIF, BMP, WebP required.'
+      f'error: {bad_inputs["not_image"]}: not a PNG, JPEG or BMP file, the '
+      'formats that serving_bytes decodes: leave out --bytes to decode it here'
   ]
   floats = _predict(f'--saved_model={model_dir}', *pngs[:2])
   assert result.stdout == floats.stdout

@@ -14,6 +14,7 @@ import input_pipeline
 import jax
 import models
 import numpy as np
+from PIL import Image
 import pytest
 from serving import signatures as names
 import tensorflow as tf
@@ -63,6 +64,48 @@ def test_serialised_for_cpu_and_gpu_servers(exported):
       if node.op == 'XlaCallModule'
   ]
   assert platforms and all(p == [b'CPU', b'CUDA'] for p in platforms)
+
+
+def test_no_signature_holds_a_decoder_of_other_formats(exported):
+  """Decoders of PNG, JPEG and BMP alone: no generic, GIF or WebP one."""
+  _, _, path = exported
+  (meta_graph,) = _saved_model(path).meta_graphs
+  graph = meta_graph.graph_def
+  ops = {node.op for node in graph.node} | {
+      node.op for f in graph.library.function for node in f.node_def
+  }
+  assert {'DecodePng', 'DecodeJpeg', 'DecodeBmp'} <= ops
+  assert not ops & {'DecodeImage', 'DecodeGif', 'DecodeWebP'}
+
+
+def test_a_heap_corrupting_webp_is_refused_and_the_next_image_classified(
+    exported, heap_corrupting_webp, tmp_path
+):
+  """In a process of its own, as TF Serving runs it: a crash fails the test."""
+  _, _, path = exported
+  digit = tmp_path / 'digit.png'
+  Image.new('L', (28, 28)).save(digit)
+  script = (
+      'import sys, tensorflow as tf\n'
+      'serve = tf.saved_model.load(sys.argv[1]).signatures["serving_bytes"]\n'
+      'for path in sys.argv[2:]:\n'
+      '  data = tf.constant([open(path, "rb").read()])\n'
+      '  try:\n'
+      '    print(serve(image_bytes=data)["probabilities"].shape)\n'
+      '  except tf.errors.InvalidArgumentError as e:\n'
+      '    print(e.message.split("assertion failed: ")[1].splitlines()[0])\n'
+  )
+  result = subprocess.run(
+      [sys.executable, '-c', script, path, heap_corrupting_webp, str(digit)],
+      capture_output=True,
+      text=True,
+  )
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.splitlines()[-2:] == [
+      '[the input is not a PNG, JPEG or BMP image, the formats the model'
+      ' decodes]',
+      '(1, 10)',
+  ]
 
 
 def test_warmup_requests_replay_against_the_saved_model(exported):

@@ -1,17 +1,22 @@
 """Turns encoded images into the model's input, inside the SavedModel's graph.
 
-`serving_bytes` takes PNG, JPEG, GIF, BMP or WebP files and makes the very
-pixels that predict.py makes with Pillow: Pillow's integer luma and bilinear
-resize, as TensorFlow's own ops differ by a grey level here and there. A
-header that claims more than the bound (serving/signatures.py) is refused
-before decoding: TensorFlow's decoders fill out any size a few bytes claim.
+`serving_bytes` takes PNG, JPEG and BMP files and makes the very pixels that
+predict.py makes with Pillow: Pillow's integer luma and bilinear resize, as
+TensorFlow's own ops differ by a grey level here and there. Everything is
+checked before a decoder runs: the format, by the bytes a file starts with
+(every TensorFlow decode op decodes whatever format it finds, and its WebP
+decoder corrupts the heap on a malformed animation), and the size the header
+claims (the decoders fill out any size a few bytes claim).
 """
 
-from serving.signatures import BOUND, IMAGE_SIZE, MAX_PIXELS, MAX_SIDE, PIXEL_VALUES
+from serving.signatures import BOUND, BYTES_FORMATS, FORMATS, IMAGE_SIZE, MAX_PIXELS, MAX_SIDE, PIXEL_VALUES
 import tensorflow as tf
 
 # Pillow's fixed-point resampling of 8-bit images (libImaging/Resample.c).
 PRECISION_BITS = 22
+# Bytes read for the checks: BMP's width and height end at byte 26, PNG's at
+# 24. A shorter input is none of the three.
+HEADER_BYTES = 26
 
 
 def pillow_bilinear_weights(in_size: tf.Tensor, out_size: int) -> tf.Tensor:
@@ -42,141 +47,101 @@ def _resample(pixels: tf.Tensor) -> tf.Tensor:
   return tf.transpose(pixels)
 
 
-def _decode_grey(encoded: tf.Tensor) -> tf.Tensor:
-  """The `(height, width)` int32 luma of one image, as Pillow's 'L' makes it.
+def _grey(image: tf.Tensor) -> tf.Tensor:
+  """The `(height, width)` int32 luma of decoded pixels, as Pillow's 'L'.
 
-  JPEGs by Pillow's accurate integer DCT; alpha ignored, as Pillow does.
+  Grey (and alpha) as R = G = B; RGB(A) as R, G, B; alpha ignored, as
+  Pillow does.
   """
-  image = tf.cond(
-      tf.io.is_jpeg(encoded),
-      lambda: tf.io.decode_jpeg(encoded, dct_method='INTEGER_ACCURATE'),
-      lambda: tf.io.decode_image(encoded, expand_animations=False),
-  )
-  # Grey (and alpha) as R = G = B; RGB(A) as R, G, B.
   channels = tf.where(tf.shape(image)[-1] < 3, [0, 0, 0], [0, 1, 2])
   rgb = tf.gather(image, channels, axis=-1)
   weighted = tf.cast(rgb, tf.int32) * tf.constant([19595, 38470, 7471])
   return tf.bitwise.right_shift(tf.reduce_sum(weighted, axis=-1) + 2**15, 16)
 
 
-def _uint(data: tf.Tensor, offset, length: int, big_endian=False):
-  """The unsigned integer of `length` bytes of `data` (int64) at `offset`."""
+def _uint(header: tf.Tensor, offset: int, length: int, big_endian=False):
+  """The unsigned integer of `length` bytes of `header` (int64) at `offset`."""
   value = tf.constant(0, tf.int64)
   for i in range(length) if big_endian else reversed(range(length)):
-    value = value * 256 + data[offset + i]
+    value = value * 256 + header[offset + i]
   return value
 
 
-def _gif_frame_pixels(encoded: tf.Tensor, header: tf.Tensor) -> tf.Tensor:
-  """The pixels of a GIF's frames together, by their image descriptors.
-
-  giflib holds every frame decoded: many small frames cost as much as one
-  huge. The blocks are walked as giflib reads them, extensions (0x21) and
-  images (0x2C: left, top, width, height), each followed by sub-blocks (a
-  size byte, then the data; the last of size 0), up to anything else (the
-  trailer) or past the bound.
-  """
-  data = tf.cast(tf.io.decode_raw(encoded, tf.uint8), tf.int64)
-  n = tf.size(data, out_type=tf.int64)
-  data = tf.concat([data, tf.zeros([16], tf.int64)], 0)  # Reads past the end.
-
-  def colour_table(packed):  # Its size in bytes, by a packed fields byte.
-    size = 3 * tf.bitwise.left_shift(tf.constant(2, tf.int64), packed % 8)
-    return tf.where(packed >= 128, size, 0)
-
-  def more(position, in_sub_blocks, pixels):
-    byte = data[tf.minimum(position, n)]
-    block = in_sub_blocks | (byte == 0x21) | (byte == 0x2C)
-    return (position < n) & block & (pixels <= MAX_PIXELS)
-
-  def step(position, in_sub_blocks, pixels):
-    byte = data[position]
-    image = byte == 0x2C
-    after_block = tf.where(
-        image, position + 11 + colour_table(data[position + 9]), position + 2
-    )
-    frame = _uint(data, position + 5, 2) * _uint(data, position + 7, 2)
-    return (
-        tf.where(in_sub_blocks, position + 1 + byte, after_block),
-        ~in_sub_blocks | (byte != 0),
-        pixels + tf.where(image & ~in_sub_blocks, frame, 0),
-    )
-
-  start = 13 + colour_table(header[10])  # After the global colour table.
-  zero = tf.constant(0, tf.int64)
-  return tf.while_loop(more, step, (start, tf.constant(False), zero))[2]
-
-
 def claimed_size(encoded: tf.Tensor):
-  """Width, height and (GIF) frames' pixels that an image's header claims.
+  """The format's index in BYTES_FORMATS, and the width and height it claims.
 
-  PNG's IHDR, JPEG's SOF, GIF's screen and frame descriptors, BMP's header,
-  WebP's VP8, VP8L or VP8X chunk; zeros for other bytes, which decoding refuses.
+  By PNG's IHDR, JPEG's SOF, BMP's header (signed: a negative height is a
+  top-down image). An input of none of them, or shorter than HEADER_BYTES,
+  is of index -1, width and height 0.
   """
-  head = tf.strings.substr(encoded, 0, 32)
-  header = tf.cast(tf.io.decode_raw(head, tf.uint8, fixed_length=32), tf.int64)
+  head = tf.strings.substr(encoded, 0, HEADER_BYTES)
+  header = tf.io.decode_raw(head, tf.uint8, fixed_length=HEADER_BYTES)
+  header = tf.cast(header, tf.int64)  # Zeros past the end.
+  index = tf.constant(-1)
+  for i, magic in enumerate(BYTES_FORMATS.values()):
+    starts = tf.reduce_all(header[: len(magic)] == list(magic))
+    index = tf.where(starts, i, index)
+  index = tf.where(tf.strings.length(encoded) < HEADER_BYTES, -1, index)
   zero = tf.constant(0, tf.int64)
-  starts = lambda magic: tf.strings.substr(head, 0, len(magic)) == magic
-
-  def png():
-    return _uint(header, 16, 4, True), _uint(header, 20, 4, True), zero
+  signed = lambda v: tf.abs(tf.where(v >= 2**31, v - 2**32, v))
 
   def jpeg():
     shape = tf.image.extract_jpeg_shape(encoded, tf.int64)
-    return shape[1], shape[0], zero
+    return shape[1], shape[0]
 
-  def gif():
-    frames = _gif_frame_pixels(encoded, header)
-    return _uint(header, 6, 2), _uint(header, 8, 2), frames
-
-  def bmp():  # Signed: a negative height is a top-down image.
-    signed = lambda v: tf.abs(tf.where(v >= 2**31, v - 2**32, v))
-    return signed(_uint(header, 18, 4)), signed(_uint(header, 22, 4)), zero
-
-  def webp():  # VP8: 14 bits; VP8L: 14 bits, less one; VP8X: 24, less one.
-    chunk, vp8l = tf.strings.substr(head, 12, 4), _uint(header, 21, 4)
-    width = height = zero
-    for name, (w, h) in {
-        b'VP8 ': (_uint(header, 26, 2) % 2**14, _uint(header, 28, 2) % 2**14),
-        b'VP8L': (vp8l % 2**14 + 1, vp8l // 2**14 % 2**14 + 1),
-        b'VP8X': (_uint(header, 24, 3) + 1, _uint(header, 27, 3) + 1),
-    }.items():
-      width = tf.where(chunk == name, w, width)
-      height = tf.where(chunk == name, h, height)
-    return width, height, zero
-
-  webp_file = starts(b'RIFF') & (tf.strings.substr(head, 8, 4) == b'WEBP')
-  return tf.case(
+  width, height = tf.switch_case(
+      index,
       [
-          (starts(b'\x89PNG\r\n\x1a\n'), png),
-          (tf.io.is_jpeg(encoded), jpeg),
-          (starts(b'GIF8'), gif),
-          (starts(b'BM'), bmp),
-          (webp_file, webp),
+          lambda: (_uint(header, 16, 4, True), _uint(header, 20, 4, True)),
+          jpeg,
+          lambda: (signed(_uint(header, 18, 4)), signed(_uint(header, 22, 4))),
       ],
-      default=lambda: (zero, zero, zero),
+      default=lambda: (zero, zero),
   )
+  return index, width, height
 
 
 def _prepare(encoded: tf.Tensor) -> tf.Tensor:
   """One encoded image as a `(28, 28, 1)` float32 image in [0, 1].
 
-  An image over the bound fails `assertion failed: [<its size; the bound>]`,
-  INVALID_ARGUMENT; decoding takes the checked tensor, so it runs after.
+  An input refused fails `assertion failed: [<why>]`, INVALID_ARGUMENT;
+  decoding takes the checked tensor, so it runs after. The message never
+  holds the input's bytes.
   """
-  width, height, frame_pixels = claimed_size(encoded)
-  claimed = tf.maximum(width * height, frame_pixels)
-  within = (claimed <= MAX_PIXELS) & (tf.maximum(width, height) <= MAX_SIDE)
-  message = tf.where(
-      frame_pixels > MAX_PIXELS,
-      f'the frames of the GIF hold more than {MAX_PIXELS} pixels',
-      tf.strings.format('the image is {}x{} pixels', (width, height)),
+  index, width, height = claimed_size(encoded)
+  within = (width * height <= MAX_PIXELS) & (
+      tf.maximum(width, height) <= MAX_SIDE
   )
-  message = tf.strings.join([message, '; the model decodes ' + BOUND])
-  with tf.control_dependencies([tf.debugging.Assert(within, [message])]):
-    pixels = tf.cast(_decode_grey(tf.identity(encoded)), tf.float64)
+  size = tf.strings.length(encoded)
+  message = (
+      tf.where(
+          size < HEADER_BYTES,
+          tf.strings.format('the input is {} bytes, too short to be a ', size),
+          'the input is not a ',
+      )
+      + f'{FORMATS} image, the formats the model decodes'
+  )
+  message = tf.where(
+      index < 0,
+      message,
+      tf.strings.format('the image is {}x{} pixels', (width, height))
+      + f'; the model decodes {BOUND}',
+  )
+  with tf.control_dependencies(
+      [tf.debugging.Assert((index >= 0) & within, [message])]
+  ):
+    encoded = tf.identity(encoded)
+  # Each decoder on its own format only (the index was checked above).
+  image = tf.switch_case(
+      index,
+      [
+          lambda: tf.io.decode_png(encoded),
+          lambda: tf.io.decode_jpeg(encoded, dct_method='INTEGER_ACCURATE'),
+          lambda: tf.io.decode_bmp(encoded),
+      ],
+  )
   # Across, then down; an image of 28x28 already is left as it is.
-  pixels = _resample(_resample(pixels))
+  pixels = _resample(_resample(tf.cast(_grey(image), tf.float64)))
   return tf.gather(PIXEL_VALUES, tf.cast(pixels, tf.int32))[..., None]
 
 
