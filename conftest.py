@@ -188,14 +188,19 @@ def trained_model(small_config):
   model = train.create_model(config, cpu_layers.for_config(config))
   order = input_pipeline.epoch_order(config.seed, 1, 1024, config.batch_size)
   optimizer = train.create_optimizer(model, config, len(order))
-  objects = (model, optimizer, train.create_metrics())
   train.train_epoch(
-      objects, data, order, parallel.create_mesh(), config.steps_per_call
+      model,
+      optimizer,
+      train.create_metrics(),
+      data,
+      order,
+      mesh=parallel.create_mesh(),
+      steps_per_call=config.steps_per_call,
   )
-  stock = train.create_model(config)  # Flax's own kernels, as exported.
-  nnx.update(stock, nnx.state(model))
-  stock.eval()
-  return stock
+  flax_model = train.create_model(config)  # Flax's own kernels, as exported.
+  nnx.update(flax_model, nnx.state(model))
+  flax_model.eval()
+  return flax_model
 
 
 @pytest.fixture(scope='session')

@@ -5,7 +5,7 @@ that can be easily tested and imported in Colab. A mistake (config, workdir,
 data, a diverging loss, a failed write) ends the run with one line, `error:
 ...`, and exit status 1; `--verbosity=1` shows the traceback too. SIGTERM or
 Ctrl-C stops training with a checkpoint, which the same command resumes
-(run/stop_signals.py).
+(run/stop_signals.py); on a finished workdir, it exports the model again.
 """
 
 import sys
@@ -40,13 +40,6 @@ config_flags.DEFINE_config_file(
     lock_config=True,
 )
 flags.mark_flags_as_required(['config', 'workdir'])
-flags.DEFINE_enum(
-    'mode',
-    'train',
-    ['train', 'export'],
-    "train: train (resuming from the workdir's latest checkpoint), then "
-    'export; export: export the latest checkpoint, without training.',
-)
 flags.DEFINE_string(
     'compilation_cache_dir',
     os.path.join(
@@ -77,7 +70,7 @@ def main(argv):
     raise app.UsageError('Too many command-line arguments.')
   signals = stop_signals.install()
   if FLAGS.verbosity < 1:
-    startup.quiet_logs(signals)
+    startup.quiet_logs()
   startup.configure_jax(FLAGS.compilation_cache_dir)
   if FLAGS.distributed:
     jax.distributed.initialize(
@@ -104,10 +97,7 @@ def main(argv):
     with workdirs.exclusive(FLAGS.workdir, jax.process_index() == 0):
       startup.hide_gpus()  # TensorFlow, now that the run needs it.
       startup.imports_done()
-      if FLAGS.mode == 'export':
-        train.export_checkpoint(FLAGS.config, FLAGS.workdir)
-      else:
-        train.train_and_evaluate(FLAGS.config, FLAGS.workdir, signals.asked)
+      train.train_and_evaluate(FLAGS.config, FLAGS.workdir, signals.asked)
   except stop_signals.Stopped as e:
     sys.exit(signals.exit_status(e))
   except errors.UserError as e:

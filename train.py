@@ -26,6 +26,7 @@ from run import errors
 from run import parallel
 from run import progress
 from run import stop_signals
+from run import workdirs
 from serving import signatures
 
 
@@ -151,31 +152,34 @@ def create_metrics() -> nnx.MultiMetric:
 
 
 def train_epoch(
-    objects,
+    model: CNN,
+    optimizer: nnx.Optimizer,
+    metrics: nnx.MultiMetric,
     data,
-    order,
+    indices,
+    *,
     mesh,
     steps_per_call: int,
-    step=0,
+    step: int = 0,
     on_steps=None,
     stop=lambda: False,
 ) -> int:
-  """Trains `objects` (model, optimizer, metrics) on the batches `data[order]`.
+  """Trains the model on the batches `data[indices]`.
 
-  `order`: `(steps, batch / process count)` indices into this process's
+  `indices`: `(steps, batch / process count)` indices into this process's
   share; each step trains on the union of the processes' batches, `step`
-  the run's at `order[0]`. After each dispatch of `steps_per_call` steps,
+  the run's at `indices[0]`. After each dispatch of `steps_per_call` steps,
   its losses are checked (a NaN would spread silently), `on_steps(step)`
   reports, and `stop()` says whether to stop (on any process: all stop at
   the same step). Returns the step reached; raises NonFiniteLoss for the
   first NaN or infinite loss.
   """
-  objects[0].train()
-  graphdef, state = nnx.split(objects)
+  model.train()
+  graphdef, state = nnx.split((model, optimizer, metrics))
   done = 0
   try:
-    while done < len(order):
-      chunk = order[done : done + steps_per_call]
+    while done < len(indices):
+      chunk = indices[done : done + steps_per_call]
       batches = {k: v[chunk] for k, v in data.items()}
       state, losses = train_steps(
           graphdef, mesh, state, parallel.global_batches(mesh, batches)
@@ -186,10 +190,10 @@ def train_epoch(
       done += len(chunk)
       if on_steps:
         on_steps(step + done)
-      if stop and parallel.any_process(stop()):
+      if parallel.any_process(stop()):
         break
   finally:
-    nnx.update(objects, state)
+    nnx.update((model, optimizer, metrics), state)
   return step + done
 
 
@@ -225,12 +229,12 @@ def format_epoch(epoch: int, summary: dict[str, float]) -> str:
 
 
 @contextlib.contextmanager
-def _nan_as_error(config, saved, steps_per_epoch: int):
+def _nan_as_error(config, checkpoint_manager, steps_per_epoch: int):
   """A NonFiniteLoss as the user's TrainingError; the last checkpoint is kept."""
   try:
     yield
   except NonFiniteLoss as e:
-    latest = saved.latest_step()
+    latest = checkpoint_manager.latest_step()
     kept = (
         'no checkpoint was saved before it'
         if latest is None
@@ -244,13 +248,6 @@ def _nan_as_error(config, saved, steps_per_epoch: int):
     ) from None
 
 
-def _stopped(saved, position: str) -> stop_signals.Stopped:
-  return stop_signals.Stopped(
-      f'stopped ({position}) with a checkpoint in {saved.directory}: rerun '
-      'the same command to resume'
-  )
-
-
 def train_and_evaluate(
     config: ml_collections.ConfigDict, workdir: str, stop=lambda: False
 ) -> dict[str, float]:
@@ -259,55 +256,95 @@ def train_and_evaluate(
   Resumes from `workdir`'s newest checkpoint; `stop()`, asked after each
   dispatch of steps, ends the run there with a checkpoint (`Stopped`).
   """
+  # Here, not at the top: TFDS, orbax, clu and TensorFlow take seconds to
+  # import, and the steps above need none of them.
   # pylint: disable=g-import-not-at-top
-  import input_pipeline  # TFDS.
-  from run import checkpoints, summaries  # orbax; clu and TensorFlow.
+  import input_pipeline
+  from run import checkpoints, summaries
 
-  saved = checkpoints.checked_manager(config, workdir)
+  checkpoint_manager = checkpoints.checked_manager(config, workdir)
   mesh = parallel.create_mesh()
   with progress.timed('data'):
-    data, test_data = input_pipeline.load(config)
-  steps_per_epoch = input_pipeline.steps_per_epoch(config, data)
+    train_data, test_data = input_pipeline.load(config)
+  steps_per_epoch = input_pipeline.steps_per_epoch(config, train_data)
   test_batches = input_pipeline.eval_batches(test_data, config.eval_batch_size)
   test_batches = parallel.global_batches(mesh, test_batches, whole=True)
 
   model = create_model(config, cpu_layers.for_config(config))
   optimizer = create_optimizer(model, config, steps_per_epoch)
   metrics = create_metrics()
-  objects = (model, optimizer, metrics)
-  step, summary = checkpoints.resume(saved, config, *objects)
-  nnx.update(objects, parallel.replicate(nnx.state(objects), mesh))
+  step, summary = checkpoints.resume(
+      checkpoint_manager, config, model, optimizer, metrics
+  )
+  state = nnx.state((model, optimizer, metrics))
+  nnx.update((model, optimizer, metrics), parallel.replicate(state, mesh))
   writer = summaries.create_writer(workdir, config, nnx.state(model, nnx.Param))
-  report = progress.EpochProgress.create(config, steps_per_epoch, writer)
+  epoch_progress = progress.EpochProgress.create(
+      config, steps_per_epoch, writer
+  )
   rate = learning_rate(config, steps_per_epoch)
-  save = functools.partial(checkpoints.save, saved, config, steps_per_epoch)
-  save = progress.timed('checkpoint')(functools.partial(save, objects))
 
   for epoch in range(step // steps_per_epoch + 1, config.num_epochs + 1):
-    order = input_pipeline.epoch_rest(config, step, steps_per_epoch, data)
-    report.start(epoch, step)
-    with _nan_as_error(config, saved, steps_per_epoch), progress.timed('train'):
+    indices = input_pipeline.epoch_rest(
+        config, step, steps_per_epoch, train_data
+    )
+    epoch_progress.start(epoch, step)
+    nan_as_error = _nan_as_error(config, checkpoint_manager, steps_per_epoch)
+    with nan_as_error, progress.timed('train'):
       step = train_epoch(
-          objects, data, order, mesh, config.steps_per_call, step, report, stop
+          model,
+          optimizer,
+          metrics,
+          train_data,
+          indices,
+          mesh=mesh,
+          steps_per_call=config.steps_per_call,
+          step=step,
+          on_steps=epoch_progress,
+          stop=stop,
       )
-    report.end()
-    if step < epoch * steps_per_epoch:  # Stopped within the epoch.
-      raise _stopped(saved, save(step, summary))
-    summary = {f'train_{k}': v for k, v in compute_metrics(metrics).items()}
-    with progress.timed('evaluation'):
-      test, predicted = evaluate(model, metrics, test_batches)
-    summary.update({f'test_{k}': v for k, v in test.items()})
-    logging.info('%s', format_epoch(epoch, summary))
-    scalars = {**summary, 'train_images_per_sec': report.images_per_sec}
+    epoch_progress.end()
     last = epoch == config.num_epochs
-    with progress.timed('summaries'):
-      summaries.write_epoch(
-          writer, epoch, scalars, test_data, predicted, rate, step, last
+    stopped = step < epoch * steps_per_epoch  # Within the epoch.
+    if not stopped:
+      summary = {f'train_{k}': v for k, v in compute_metrics(metrics).items()}
+      with progress.timed('evaluation'):
+        test, predicted = evaluate(model, metrics, test_batches)
+      summary.update({f'test_{k}': v for k, v in test.items()})
+      logging.info('%s', format_epoch(epoch, summary))
+      scalars = {
+          **summary,
+          'train_images_per_sec': epoch_progress.images_per_sec,
+      }
+      with progress.timed('summaries'):
+        summaries.write_epoch(
+            writer,
+            epoch,
+            scalars,
+            test_data,
+            predicted,
+            learning_rate=rate,
+            steps_done=step,
+            last=last,
+        )
+      stopped = parallel.any_process(stop()) and not last
+    if stopped or last or epoch % config.checkpoint_every_epochs == 0:
+      with progress.timed('checkpoint'):
+        position = checkpoints.save(
+            checkpoint_manager,
+            step,
+            config,
+            steps_per_epoch,
+            summary,
+            model=model,
+            optimizer=optimizer,
+            metrics=metrics,
+        )
+    if stopped:
+      raise stop_signals.Stopped(
+          f'stopped ({position}) with a checkpoint in '
+          f'{checkpoint_manager.directory}: rerun the same command to resume'
       )
-    if parallel.any_process(stop()) and not last:
-      raise _stopped(saved, save(step, summary))
-    if last or epoch % config.checkpoint_every_epochs == 0:
-      save(step, summary)
   if jax.process_index() == 0:
     export(model, config, workdir)
   return summary
@@ -318,40 +355,14 @@ def export(model: CNN, config, workdir: str) -> str:
 
   Those compute in float32 on every platform the SavedModel runs on.
   """
-  # pylint: disable-next=g-import-not-at-top
-  from run import workdirs
+  # Here, not at the top: TensorFlow, which only the export needs.
   from serving import export as saved_model  # pylint: disable=g-import-not-at-top
 
-  stock = create_model(config)
-  nnx.update(stock, parallel.local_copy(nnx.state(model)))
+  flax_model = create_model(config)
+  nnx.update(flax_model, parallel.local_copy(nnx.state(model)))
   with progress.timed('export'):
     path = saved_model.export_saved_model(
-        stock, workdirs.export_dir(workdir, config.export_model_name)
+        flax_model, workdirs.export_dir(workdir, config.export_model_name)
     )
   logging.info('Exported the SavedModel to %s', path)
   return path
-
-
-def export_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> str:
-  """Exports the model of the newest checkpoint in `workdir`, untrained further.
-
-  Raises WorkdirError where no checkpoint restores, or it is of another config.
-  """
-  # pylint: disable-next=g-import-not-at-top
-  from run import checkpoints
-  from run import workdirs  # pylint: disable=g-import-not-at-top
-
-  saved = checkpoints.manager(workdir)
-  model = create_model(config)  # The checkpoint replaces every value.
-  meta, _ = checkpoints.restore_newest(saved, config, False, model=model)
-  if meta is None:
-    raise workdirs.WorkdirError(
-        f'no checkpoint in {saved.directory}: train first, with the same '
-        '--workdir and --config'
-    )
-  logging.info(
-      'Exporting the model of the checkpoint (%s) in %s.',
-      progress.position(meta['step'], meta['steps_per_epoch']),
-      saved.directory,
-  )
-  return export(model, config, workdir)

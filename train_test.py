@@ -70,7 +70,13 @@ def test_fast_steps_match_the_flax_examples_steps(small_config):
   metrics = train.create_metrics()
   # Two dispatches of three scanned steps each, with the CPU levers.
   train.train_epoch(
-      (model, optimizer, metrics), data, order, parallel.create_mesh(), 3
+      model,
+      optimizer,
+      metrics,
+      data,
+      order,
+      mesh=parallel.create_mesh(),
+      steps_per_call=3,
   )
   got, want = nnx.state(model), nnx.state(expected)
   for (path, a), (_, b) in zip(

@@ -37,8 +37,10 @@ def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
   )
 
 
-def save(saved, config, steps_per_epoch: int, objects, step: int, summary):
-  """Saves `(model, optimizer, metrics)` at `step`; returns its position.
+def save(
+    checkpoint_manager, step: int, config, steps_per_epoch, summary, **objects
+):
+  """Saves `objects` (model=..., ...) at `step`; returns its position.
 
   Raises WorkdirError where it cannot be written (a full disk, a directory
   made read-only); the checkpoints before it are kept.
@@ -49,37 +51,38 @@ def save(saved, config, steps_per_epoch: int, objects, step: int, summary):
   at = progress.position(step, steps_per_epoch)
   items = {
       ITEMS[name]: ocp.args.StandardSave(nnx.state(obj))
-      for name, obj in zip(ITEMS, objects)
+      for name, obj in objects.items()
   }
   items['meta'] = ocp.args.JsonSave(meta)
+  directory = checkpoint_manager.directory
   try:
-    saved.save(step, args=ocp.args.Composite(**items))
+    checkpoint_manager.save(step, args=ocp.args.Composite(**items))
   except Exception as e:  # pylint: disable=broad-except
     # Orbax and TensorStore raise many kinds of error for a failed write.
-    kept = saved.latest_step()
+    kept = checkpoint_manager.latest_step()
     kept = f'the checkpoint of step {kept}' if kept else 'no checkpoint'
     raise workdirs.WorkdirError(
-        f'cannot write the checkpoint ({at}) in {saved.directory} '
-        f'({_cause(e)}); {kept} is kept: free space or make it writable, then '
-        'rerun the same command to resume'
+        f'cannot write the checkpoint ({at}) in {directory} ({_cause(e)}); '
+        f'{kept} is kept: free space or make it writable, then rerun the '
+        'same command to resume'
     ) from e
-  logging.info('Saved a checkpoint (%s) in %s.', at, saved.directory)
+  logging.info('Saved a checkpoint (%s) in %s.', at, directory)
   return at
 
 
-def read_meta(saved, step: int) -> dict:
+def read_meta(checkpoint_manager, step: int) -> dict:
   """The JSON item of the checkpoint of `step`."""
   args = ocp.args.Composite(meta=ocp.args.JsonRestore())
-  return saved.restore(step, args=args).meta
+  return checkpoint_manager.restore(step, args=args).meta
 
 
-def restore(saved, step: int, **objects) -> None:
+def restore(checkpoint_manager, step: int, **objects) -> None:
   """Puts the state of checkpoint `step` into `objects` (model=..., ...)."""
   items = {
       ITEMS[name]: ocp.args.StandardRestore(nnx.state(obj))
       for name, obj in objects.items()
   }
-  restored = saved.restore(step, args=ocp.args.Composite(**items))
+  restored = checkpoint_manager.restore(step, args=ocp.args.Composite(**items))
   for name, obj in objects.items():
     nnx.update(obj, restored[ITEMS[name]])
 
@@ -99,7 +102,7 @@ def config_differences(saved: dict, config) -> list[str]:
   ]
 
 
-def _check_fits(meta: dict, config, directory, training: bool) -> None:
+def _check_fits(meta: dict, config, directory) -> None:
   """Raises WorkdirError if the checkpoint of `meta` cannot go on as `config`."""
   at = progress.position(meta['step'], meta['steps_per_epoch'])
   start_afresh = f'use a new --workdir or move {directory} away'
@@ -109,7 +112,7 @@ def _check_fits(meta: dict, config, directory, training: bool) -> None:
         f'{directory} holds a checkpoint ({at}) of another config: '
         f'{"; ".join(differences)}; to start afresh, {start_afresh}'
     )
-  if training and meta['step'] > config.num_epochs * meta['steps_per_epoch']:
+  if meta['step'] > config.num_epochs * meta['steps_per_epoch']:
     raise workdirs.WorkdirError(
         f'{directory} holds a checkpoint ({at}) past '
         f'config.num_epochs={config.num_epochs}: raise num_epochs, or to start '
@@ -128,22 +131,22 @@ def _cause(error: Exception) -> str:
   return f'{type(error).__name__}: {text[:200]}'
 
 
-def restore_newest(saved, config, training: bool, **objects):
+def restore_newest(checkpoint_manager, config, **objects):
   """Restores the newest checkpoint that restores and fits `config`.
 
   One that orbax cannot read (a file truncated or lost) is skipped, with a
   warning where `objects` are restored. Returns its JSON item (None if
   there is no checkpoint) and the steps of the damaged ones newer than it.
   Raises WorkdirError if none restores, or the newest that does is of
-  another config or (`training`) past `config.num_epochs`.
+  another config or past `config.num_epochs`.
   """
-  damaged = []
-  for step in sorted(saved.all_steps(), reverse=True):
+  damaged, directory = [], checkpoint_manager.directory
+  for step in sorted(checkpoint_manager.all_steps(), reverse=True):
     try:
-      meta = read_meta(saved, step)
-      _check_fits(meta, config, saved.directory, training)
+      meta = read_meta(checkpoint_manager, step)
+      _check_fits(meta, config, directory)
       if objects:
-        restore(saved, step, **objects)
+        restore(checkpoint_manager, step, **objects)
       return meta, [s for s, _ in damaged]
     except workdirs.WorkdirError:
       raise
@@ -152,27 +155,27 @@ def restore_newest(saved, config, training: bool, **objects):
         logging.warning(
             'The checkpoint of step %d in %s cannot be restored (%s).',
             step,
-            saved.directory,
+            directory,
             _cause(e),
         )
       damaged.append((step, e))
   if damaged:
     raise workdirs.WorkdirError(
-        f'no checkpoint in {saved.directory} can be restored (the newest, of '
-        f'step {damaged[0][0]}: {_cause(damaged[0][1])}); to start afresh, use '
-        f'a new --workdir or move {saved.directory} away'
+        f'no checkpoint in {directory} can be restored (the newest, of step '
+        f'{damaged[0][0]}: {_cause(damaged[0][1])}); to start afresh, use a '
+        f'new --workdir or move {directory} away'
     )
   return None, []
 
 
 def checked_manager(config, workdir: str) -> ocp.CheckpointManager:
   """The checkpoints of `workdir`, once the newest readable one fits `config`."""
-  saved = manager(workdir, config.checkpoints_to_keep)
-  restore_newest(saved, config, True)
-  return saved
+  checkpoint_manager = manager(workdir, config.checkpoints_to_keep)
+  restore_newest(checkpoint_manager, config)
+  return checkpoint_manager
 
 
-def resume(saved, config, model, optimizer, metrics):
+def resume(checkpoint_manager, config, model, optimizer, metrics):
   """The global step and summary to go on from; restores the objects.
 
   A fresh run goes on from step 0. Checkpoints newer than the one restored
@@ -180,19 +183,25 @@ def resume(saved, config, model, optimizer, metrics):
   way of the steps the run saves again.
   """
   objects = dict(model=model, optimizer=optimizer, metrics=metrics)
-  meta, damaged = restore_newest(saved, config, True, **objects)
+  meta, damaged = restore_newest(checkpoint_manager, config, **objects)
   for step in damaged:
-    moved = workdirs.damaged_checkpoint_dir(str(saved.directory.parent), step)
+    moved = workdirs.damaged_checkpoint_dir(
+        str(checkpoint_manager.directory.parent), step
+    )
     epath.Path(moved).parent.mkdir(parents=True, exist_ok=True)
-    (saved.directory / str(step)).rename(moved)
+    (checkpoint_manager.directory / str(step)).rename(moved)
     logging.warning(
         'Moved the checkpoint of step %d, which cannot be restored, to %s.',
         step,
         moved,
     )
-  saved.reload()
+  checkpoint_manager.reload()
   if meta is None:
     return 0, None
   at = progress.position(meta['step'], meta['steps_per_epoch'])
-  logging.info('Resuming from the checkpoint (%s) in %s.', at, saved.directory)
+  logging.info(
+      'Resuming from the checkpoint (%s) in %s.',
+      at,
+      checkpoint_manager.directory,
+  )
   return meta['step'], meta['summary']

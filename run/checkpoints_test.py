@@ -42,9 +42,9 @@ def test_restore_gives_back_every_value_and_the_json(tmp_path):
   )
   saved = checkpoints.manager(str(tmp_path))
   summary = {'test_accuracy': 0.5}
-  objects = (model, optimizer, metrics)
+  objects = dict(model=model, optimizer=optimizer, metrics=metrics)
   assert (
-      checkpoints.save(saved, _config(0), 2, objects, 7, summary)
+      checkpoints.save(saved, 7, _config(0), 2, summary, **objects)
       == 'step 7, in epoch 4'
   )
 
@@ -70,7 +70,16 @@ def test_restore_gives_back_every_value_and_the_json(tmp_path):
 def test_a_checkpoint_cut_short_is_not_listed(tmp_path):
   model, optimizer, metrics = _objects(seed=0)
   saved = checkpoints.manager(str(tmp_path))
-  checkpoints.save(saved, _config(0), 3, (model, optimizer, metrics), 3, None)
+  checkpoints.save(
+      saved,
+      3,
+      _config(0),
+      3,
+      None,
+      model=model,
+      optimizer=optimizer,
+      metrics=metrics,
+  )
   # What orbax leaves behind when the process dies while it writes step 5.
   unfinished = tmp_path / 'checkpoints' / '5.orbax-checkpoint-tmp-1234'
   os.makedirs(unfinished / 'model')

@@ -169,7 +169,9 @@ optimizer = train.create_optimizer(model, config, 4)
 metrics = train.create_metrics()
 objects = (model, optimizer, metrics)
 nnx.update(objects, parallel.replicate(nnx.state(objects), mesh))
-train.train_epoch(objects, data, order, mesh, 2)
+train.train_epoch(
+    model, optimizer, metrics, data, order, mesh=mesh, steps_per_call=2
+)
 params = parallel.local_copy(nnx.state(model, nnx.Param))
 print(json.dumps({
     'processes': jax.process_count(), 'devices': jax.device_count(),

@@ -1,8 +1,7 @@
 """What a command does before its imports, and about the libraries' noise.
 
 Every entry point calls `begin(sys.argv)` before the imports that take
-seconds (JAX, TensorFlow): a bad `--config` is one line before anything
-starts; TensorFlow's C++ start-up lines (printed before absl's logging is
+seconds (JAX, TensorFlow): TensorFlow's C++ start-up lines (printed before absl's logging is
 set up) and gRPC's INFO lines are held back unless `-v 1`. For training,
 SIGTERM and Ctrl-C are taken first, and the garbage collector is off while
 the imports make half a million objects that live until exit, which it
@@ -12,7 +11,6 @@ would walk again and again: `imports_done` freezes them and turns it on.
 import asyncio
 import gc
 import importlib.util
-import inspect
 import logging
 import os
 import sys
@@ -37,64 +35,6 @@ def verbosity(argv) -> int:
   return _flags(argv).verbosity
 
 
-class ConfigFileError(Exception):
-  """The config file cannot give a config; the message says why, in a line."""
-
-
-def load_config(path: str):
-  """`get_config()` of `--config=path` ('file.py' or 'file.py:argument').
-
-  As ml_collections' config_flags loads it. Raises ConfigFileError, or
-  whatever the file's code raises.
-  """
-  file, colon, argument = path.partition(':')
-  arguments = (argument,) if colon else ()
-  if not os.path.isfile(file):
-    raise ConfigFileError(
-        'not a file' if os.path.exists(file) else 'no such file'
-    )
-  spec = importlib.util.spec_from_file_location('config_file', file)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  get_config = getattr(module, 'get_config', None)
-  if not callable(get_config):
-    raise ConfigFileError('it defines no get_config()')
-  signature = inspect.signature(get_config)
-  signature = signature.replace(return_annotation=signature.empty)
-  try:
-    signature.bind(*arguments)
-  except TypeError:
-    raise ConfigFileError(
-        f'its get_config{signature} cannot take the argument {argument!r}'
-        if colon
-        else f'its get_config{signature} needs an argument: --config={file}:...'
-    ) from None
-  config = get_config(*arguments)
-  if config is None:
-    raise ConfigFileError('its get_config() returned None')
-  return config
-
-
-def check_config(argv) -> None:
-  """Exits with one line if `--config` names a config that cannot be had."""
-  parsed = _flags(argv)
-  if parsed.config is None:
-    return  # absl says that the flag is required.
-  try:
-    load_config(parsed.config)
-  except Exception as e:  # pylint: disable=broad-except
-    if parsed.verbosity >= 1:
-      raise
-    if isinstance(e, SyntaxError):
-      cause = f'not valid Python: {e.msg} (line {e.lineno})'
-    elif isinstance(e, ConfigFileError):
-      cause = str(e)
-    else:
-      cause = f'loading it raised {type(e).__name__}'
-      cause += f': {" ".join(str(e).split())}' if str(e) else ''
-    sys.exit(f'error: --config={parsed.config}: {cause}')
-
-
 def quiet(argv, tensorflow_log_level: int = 1) -> None:
   """TensorFlow's oneDNN and C++ log lines off, gRPC's but errors, unless -v 1.
 
@@ -109,7 +49,6 @@ def quiet(argv, tensorflow_log_level: int = 1) -> None:
 
 def begin(argv, training: bool = False, tensorflow_log_level: int = 1) -> None:
   """What a command does first, before its imports (see above)."""
-  check_config(argv)
   quiet(argv, tensorflow_log_level)
   if training:
     from run import stop_signals  # pylint: disable=g-import-not-at-top
@@ -147,23 +86,42 @@ def configure_jax(compilation_cache_dir: str) -> None:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing; a config field that does not exist is one line.
+  """absl's flag parsing; a `--config` that gives no config is one line.
 
-  config_flags reports it as an AttributeError that suggests the field
-  meant; absl would print it with a traceback.
+  config_flags loads the file as it parses the flag, and raises what loading
+  raised (a file it cannot read, when the config is first read); a config
+  field that does not exist is an AttributeError that suggests the field
+  meant. absl would print either with a traceback.
   """
   from absl import app  # pylint: disable=g-import-not-at-top
 
   try:
-    return app.parse_flags_with_usage(argv)
-  except AttributeError as e:
-    if flags.FLAGS['verbosity'].value >= 1:
-      raise
-    # The KeyError inside holds "'field'\nDid you mean ...?".
-    cause = e.args[0].args[0] if isinstance(e.args[0], KeyError) else str(e)
-    field, _, hint = str(cause).partition('\n')
+    rest = flags.FLAGS(argv)
+    flags.FLAGS.config.keys()  # A file that could not be read raises here.
+    return rest
+  except flags.Error as e:
+    given = _flags(argv).config is not None
+    if not (given and str(e).startswith('flag --config=')):
+      return app.parse_flags_with_usage(argv)  # absl's line and its usage.
+    error = e
+  except Exception as e:  # pylint: disable=broad-except
+    error = e
+  parsed = _flags(argv)  # Whatever the order of the flags that failed.
+  if parsed.verbosity >= 1:
+    raise error
+  if isinstance(error, AttributeError) and isinstance(error.args[0], KeyError):
+    # "'field'\nDid you mean ...?"
+    field, _, hint = str(error.args[0].args[0]).partition('\n')
     hint = hint[:1].lower() + hint[1:] or 'see the config file for its fields'
     sys.exit(f'error: the config has no field {field}; {hint}')
+  # The last line of the traceback that config_flags quotes, or its message.
+  cause = str(error).strip().partition(': ')[2] or str(error)
+  cause = cause.splitlines()[-1].strip() if cause else type(error).__name__
+  if isinstance(error, SyntaxError):
+    cause = f'not valid Python: {error.msg} (line {error.lineno})'
+  elif not isinstance(error, (flags.Error, OSError)):
+    cause = f'{type(error).__name__}: {error}'
+  sys.exit(f'error: --config={parsed.config}: {cause}')
 
 
 class QuietLibraries(logging.Filter):
@@ -190,16 +148,15 @@ class QuietLibraries(logging.Filter):
     )
 
 
-def quiet_logs(signals) -> None:
+def quiet_logs() -> None:
   """QuietLibraries on absl's handler; dropped errors' reports as DEBUG lines.
 
   After a failed checkpoint write, TensorStore's callbacks into orbax's
-  closed event loop fail a dozen times. `signals`, the process's
-  StopSignals, takes Python's reports of them first.
+  closed event loop fail a dozen times, each reported by Python.
   """
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
 
   absl_logging.get_absl_handler().addFilter(QuietLibraries())
-  signals.report_unraisable = lambda unraisable: absl_logging.debug(
+  sys.unraisablehook = lambda unraisable: absl_logging.debug(
       'Ignored in %r: %r', unraisable.object, unraisable.exc_value
   )

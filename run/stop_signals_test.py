@@ -1,7 +1,8 @@
 """Tests of stop_signals in processes of their own, where the signals are real.
 
-main_test.py stops main.py itself, at each phase; these take the one case
-that a run meets only by chance: a signal handled inside a finalizer.
+main_test.py stops main.py itself, in each part of a run; this takes the one
+case that a run meets only by chance: a signal handled inside a finalizer,
+where Python drops the SystemExit, so the grace period ends the process.
 """
 
 import os
@@ -16,38 +17,30 @@ from run import stop_signals
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A finalizer that signals its own process and runs Python code, where the
-# handler then runs, while the main thread is inside a `try` that main.py's
-# workdir lock would be in; main.py sends the reports of other dropped
-# exceptions to a hook of its own, as here.
+# handler then runs; the main thread would sleep far past the grace period.
+# Python's report of the dropped exception goes where main.py sends it.
 IN_A_FINALIZER = """
-import os, signal, sys, time
-from run import stop_signals
+import os, signal, time
+from run import startup, stop_signals
 
-signals = stop_signals.install()
-signals.report_unraisable = lambda unraisable: print('reported', flush=True)
+stop_signals.install()
+startup.quiet_logs()
 
 
 class SignalsItself:
 
   def __del__(self):
     os.kill(os.getpid(), signal.{name})
-    deadline = time.monotonic() + 2 * stop_signals.GRACE_SECS
-    while time.monotonic() < deadline:
-      pass
+    time.sleep(0.5)
 
 
-try:
-  SignalsItself()  # Dropped at once: its finalizer runs here.
-  time.sleep(2 * stop_signals.GRACE_SECS)
-finally:
-  print('finally ran', flush=True)
+SignalsItself()  # Dropped at once: its finalizer runs here.
+time.sleep(10 * stop_signals.GRACE_SECS)
 """
 
 
 @pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_in_a_finalizer_still_ends_the_process_through_finally(
-    signum,
-):
+def test_a_signal_in_a_finalizer_still_ends_the_process(signum):
   began = time.monotonic()
   process = subprocess.run(
       [sys.executable, '-c', IN_A_FINALIZER.format(name=signum.name)],
@@ -56,10 +49,9 @@ def test_a_signal_in_a_finalizer_still_ends_the_process_through_finally(
       cwd=ROOT,
       timeout=60,
   )
-  assert time.monotonic() - began < stop_signals.GRACE_SECS
+  assert time.monotonic() - began < stop_signals.GRACE_SECS + 2
   assert process.returncode == 128 + signum
-  assert process.stdout == 'finally ran\n'  # And nothing reported.
   assert process.stderr == (
-      f'{signum.name} while starting up: stopped, with nothing to save yet; '
+      f'{signum.name}: stopped before training began, with nothing to save; '
       'rerun the same command to continue\n'
   )

@@ -4,16 +4,13 @@
 <workdir>/checkpoints/<step>/        checkpoints
 <workdir>/damaged_checkpoints/       checkpoints that could not be restored
 <workdir>/export/<model name>/<n>/   SavedModel versions
-<workdir>/run.lock                   the running process, while it runs
+<workdir>/run.lock                   locked by the run that holds the workdir
 """
 
 import contextlib
 import os
-import pathlib
-import socket
 import time
 
-from absl import logging
 import filelock
 from run import errors
 
@@ -39,64 +36,32 @@ def export_dir(workdir: str, model_name: str) -> str:
   return os.path.join(workdir, 'export', model_name)
 
 
-def prepare(workdir: str) -> None:
-  """Creates `workdir` if need be; WorkdirError if files cannot be written."""
-  probe = os.path.join(workdir, f'.write_test.{os.getpid()}')
-  try:
-    os.makedirs(workdir, exist_ok=True)
-    with open(probe, 'w'):
-      pass
-    os.remove(probe)
-  except OSError as e:
-    # os names the directory it could not create; a file in the way of it
-    # is what the user has to move.
-    path = pathlib.Path(workdir)
-    nearest = next(p for p in (path, *path.parents) if p.exists())
-    cause = f'{e.filename}: {e.strerror}'
-    if not nearest.is_dir():
-      cause = f'{nearest} is not a directory'
-    raise WorkdirError(
-        f'cannot create or write the workdir {workdir} ({cause}): '
-        'choose a --workdir that can be created and written'
-    ) from None
-
-
 @contextlib.contextmanager
 def exclusive(workdir: str, hold: bool = True):
-  """Holds `workdir` for this process, or raises WorkdirError naming its holder.
+  """Holds `workdir`, created if need be, for this process.
 
-  filelock's lock, which the system releases however the process ends. The
-  file names the holder while it runs and is removed when it ends: a file
-  found with a name in it is a killed run's. Nothing is held on remote file
-  systems (gs://), or without `hold`.
+  filelock's lock, which the system releases however the process ends.
+  Raises WorkdirError where it is held, or cannot be created or written.
+  Nothing is held on remote file systems (gs://), or without `hold`.
   """
   if not hold or '://' in workdir:
     yield
     return
-  prepare(workdir)
-  path = os.path.join(workdir, LOCK_FILE)
-  lock = filelock.FileLock(path, timeout=0)
+  lock = filelock.FileLock(os.path.join(workdir, LOCK_FILE), timeout=0)
   try:
+    os.makedirs(workdir, exist_ok=True)
     lock.acquire()
-  except filelock.Timeout:
-    with open(path) as f:
-      holder = f.read().strip() or 'a run'
+  except filelock.Timeout as e:
     raise WorkdirError(
-        f'the workdir {workdir} is in use by {holder} (it holds {path}): '
-        'wait for it to end, or use another --workdir'
+        f'the workdir {workdir} is in use by another run ({e}): wait for it '
+        'to end, or use another --workdir'
+    ) from None
+  except OSError as e:
+    raise WorkdirError(
+        f'cannot create or write the workdir {workdir} ({e.filename}: '
+        f'{e.strerror}): choose a --workdir that can be created and written'
     ) from None
   try:
-    with open(path, 'r+') as f:
-      if killed := f.read().strip():
-        logging.warning(
-            'Taking over %s from %s, which ended without releasing it.',
-            path,
-            killed,
-        )
-      f.seek(0)
-      f.truncate()
-      f.write(f'process {os.getpid()} on {socket.gethostname()}\n')
     yield
   finally:
-    os.remove(path)  # Before the lock is released: the process ended it.
     lock.release()

@@ -125,7 +125,9 @@ def _time_variant(name: str, steps: int) -> float:
     data = {'image': images, 'label': labels}
 
     def run(o):  # One dispatch of all of `o`.
-      train.train_epoch(objects, data, o, mesh, len(o))
+      train.train_epoch(
+          model, optimizer, metrics, data, o, mesh=mesh, steps_per_call=len(o)
+      )
 
   else:
     step = nnx.jit(train.train_step)
