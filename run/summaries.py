@@ -123,9 +123,8 @@ def misclassified_grid(
 
 def confusion_matrix(labels, predicted, classes: int = 10) -> np.ndarray:
   """Counts `(true, predicted)`."""
-  matrix = np.zeros((classes, classes), np.int64)
-  np.add.at(matrix, (labels, predicted), 1)
-  return matrix
+  counts = np.bincount(labels * classes + predicted, minlength=classes**2)
+  return counts.reshape(classes, classes)
 
 
 def confusion_matrix_image(matrix: np.ndarray, title: str = '') -> np.ndarray:
