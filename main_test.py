@@ -29,9 +29,10 @@ import main
 import numpy as np
 import pytest
 from run import stop_signals
-from run import summaries
+from tensorboard.backend.event_processing import event_accumulator
 import tensorflow as tf
 import tensorflow_datasets as tfds
+from tools import plot
 import train
 from run import workdirs
 
@@ -590,13 +591,12 @@ def _run_until_mid_epoch_2(workdir, config, sig) -> tuple[int, str]:
 
 def _summary_counts(workdir) -> collections.Counter:
   """How many times each (tag, epoch) of TAGS is in the event files."""
-  counts = collections.Counter()
-  for path in glob.glob(os.path.join(workdir, 'events.out.tfevents.*')):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for value in event.summary.value:
-        if value.tag in TAGS:
-          counts[value.tag, event.step] += 1
-  return counts
+  events = event_accumulator.EventAccumulator(
+      workdir, {event_accumulator.TENSORS: 0}  # All of them.
+  ).Reload()
+  return collections.Counter(
+      (tag, e.step) for tag in TAGS for e in events.Tensors(tag)
+  )
 
 
 def _assert_resumes_to(workdir, config, expected) -> None:
@@ -606,8 +606,8 @@ def _assert_resumes_to(workdir, config, expected) -> None:
   # The run's own line for each checkpoint; orbax's are left out.
   assert 'Saved a checkpoint (step 192, end of epoch 3) in ' in result.stderr
   assert 'checkpoint_manager.py' not in result.stderr
-  scalars = summaries.read_scalars(workdir)
-  assert {tag: scalars[tag][3][0] for tag in TAGS} == {
+  scalars = plot.read_scalars(workdir)
+  assert {tag: scalars[tag][3] for tag in TAGS} == {
       tag: expected[tag] for tag in TAGS
   }
   assert _summary_counts(workdir) == {
@@ -798,8 +798,8 @@ def test_a_damaged_latest_checkpoint_costs_only_it(
       f'Resuming from the checkpoint (step 4, end of epoch 1) in {directory}.'
   ) in caplog.text
   assert checkpoints.manager(workdir).all_steps() == [4, 8, 12]
-  scalars = summaries.read_scalars(workdir)
-  assert {tag: scalars[tag][3][0] for tag in TAGS} == {
+  scalars = plot.read_scalars(workdir)
+  assert {tag: scalars[tag][3] for tag in TAGS} == {
       tag: three[tag] for tag in TAGS
   }
   gc.collect()

@@ -30,7 +30,8 @@ from cpu import layers as cpu_layers
 import jax
 import main
 from run import progress
-from run import summaries
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.util import tensor_util
 
 FLAGS = flags.FLAGS
 ACCURACY_RANGE = (0.99, 1.0)
@@ -43,28 +44,28 @@ COMPILE_EVENTS = (
 
 
 def summarize(
-    scalars, wall_time_s: float, peak_rss_mb: float, seconds: dict
+    events, wall_time_s: float, peak_rss_mb: float, seconds: dict
 ) -> dict:
-  """The benchmark's figures from the summaries of one run.
+  """The benchmark's figures from one run's summaries (an EventAccumulator).
 
   Seconds per epoch: the median interval between epochs' test summaries
   (evaluation included, the first epoch's compilation not); images/s: the
   median after the first epoch.
   """
-  accuracy, rates = scalars['test_accuracy'], scalars['train_images_per_sec']
-  epochs = sorted(accuracy)
-  times = [accuracy[e][1] for e in epochs]
+  accuracy = events.Tensors('test_accuracy')
+  value = lambda event: tensor_util.make_ndarray(event.tensor_proto).item()
+  times = [e.wall_time for e in accuracy]
   intervals = [b - a for a, b in zip(times, times[1:])]
   per_epoch = round(statistics.median(intervals), 3) if intervals else None
-  throughput = [rates[e][0] for e in sorted(rates)]
+  throughput = [value(e) for e in events.Tensors('train_images_per_sec')]
   images_per_sec = statistics.median(throughput[1:] or throughput)
   return {
-      'epochs': len(epochs),
+      'epochs': len(accuracy),
       'wall_time_s': round(wall_time_s, 2),
       'seconds_per_epoch': per_epoch,
       'train_images_per_sec': round(images_per_sec, 1),
-      'final_test_accuracy': accuracy[epochs[-1]][0],
-      'best_test_accuracy': max(v for v, _ in accuracy.values()),
+      'final_test_accuracy': value(accuracy[-1]),
+      'best_test_accuracy': max(map(value, accuracy)),
       'peak_rss_mb': round(peak_rss_mb, 1),
       'seconds': {k: round(v, 2) for k, v in seconds.items()},
   }
@@ -89,8 +90,10 @@ def report(
 ) -> None:
   """Prints the figures of the run in `workdir`; exits 1 if it fell short."""
   peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-  scalars = summaries.read_scalars(workdir)
-  result = summarize(scalars, time.perf_counter() - start, peak_rss_mb, seconds)
+  events = event_accumulator.EventAccumulator(
+      workdir, {event_accumulator.TENSORS: 0}  # All of them.
+  ).Reload()
+  result = summarize(events, time.perf_counter() - start, peak_rss_mb, seconds)
   result.update(config=config.to_dict(), loop=loop, matmul_precision=precision)
   for key, value in result.items():
     if key != 'config':

@@ -14,8 +14,10 @@ import numpy as np
 from run import parallel
 import pytest
 from run import summaries
+from tensorboard.backend.event_processing import event_accumulator
 import tensorflow as tf
 import tensorflow_datasets as tfds
+from tools import plot
 from tools import reference_loop
 import train
 from run import workdirs
@@ -114,10 +116,10 @@ def test_train_and_evaluate_logs_summarises_and_exports(
   # 16 steps on 1,024 images already learn something.
   assert summary['test_accuracy'] > 0.5
 
-  scalars = summaries.read_scalars(workdir)
+  scalars = plot.read_scalars(workdir)
   for tag in ('train_loss', 'train_accuracy', 'test_loss', 'test_accuracy'):
     assert sorted(scalars[tag]) == [1, 2]
-    assert scalars[tag][2][0] == pytest.approx(summary[tag], rel=1e-6)
+    assert scalars[tag][2] == pytest.approx(summary[tag], rel=1e-6)
 
   assert os.path.isfile(
       os.path.join(workdir, 'export', 'mnist', '1', 'saved_model.pb')
@@ -125,17 +127,20 @@ def test_train_and_evaluate_logs_summarises_and_exports(
 
   # Images decode as PNGs: a grid of mistakes each epoch, the confusion
   # matrix after the last.
-  images = summaries.read_images(workdir)
-  assert sorted(images['misclassified']) == [1, 2]
-  assert sorted(images['confusion_matrix']) == [2]
+  events = event_accumulator.EventAccumulator(
+      workdir, {event_accumulator.TENSORS: 0}  # All of them.
+  ).Reload()
+  png = lambda event: tf.make_ndarray(event.tensor_proto)[2]  # (w, h, PNG)
+  assert [e.step for e in events.Tensors('misclassified')] == [1, 2]
+  assert [e.step for e in events.Tensors('confusion_matrix')] == [2]
   grids = [
-      tf.image.decode_png(png).numpy()
-      for png in images['misclassified'].values()
+      tf.image.decode_png(png(e)).numpy()
+      for e in events.Tensors('misclassified')
   ]
   assert all(grid.shape == (1020, 840, 3) for grid in grids)
   # The first cell holds a digit: 16 steps leave mistakes among 300 images.
   assert grids[-1][summaries.HEADER : summaries.HEADER + 84, :84].max() > 0
-  matrix = tf.image.decode_png(images['confusion_matrix'][2])
+  matrix = tf.image.decode_png(png(events.Tensors('confusion_matrix')[0]))
   assert matrix.shape == (600, 600, 3)
 
 

@@ -1,12 +1,12 @@
-"""TensorBoard summaries: clu's writer, the images and texts, read back.
+"""TensorBoard summaries: clu's writer, the epoch's images and texts.
 
-Images are drawn as uint8 RGB arrays. The event files are read back with
-TensorFlow, for the tests, the notebook and tools/plot.py.
+Images are drawn as uint8 RGB arrays. Reading summaries back is TensorBoard's
+`EventAccumulator` (here, for the steps written; the tests, the notebook,
+tools/plot.py and mnist_benchmark.py read theirs).
 """
 
 import contextlib
 import functools
-import os
 import re
 
 from clu import asynclib
@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image
 from PIL import ImageDraw
 from run import errors
+from tensorboard.backend.event_processing import event_accumulator
 import tensorflow as tf
 
 # The misclassified grid: GRID x GRID cells of a digit SCALE times its size,
@@ -74,9 +75,14 @@ class NewStepsWriter:
 
 def create_writer(workdir: str, config, params) -> NewStepsWriter:
   """The writer of `workdir`'s summaries (process 0's files, others' logs)."""
-  last = {}  # Tag -> the last step of it that the event files hold.
-  for step, _, value, _ in _events(workdir):
-    last[value.tag] = max(step, last.get(value.tag, 0))
+  # Each tag's last step in the event files; a killed run's unfinished last
+  # record is left out.
+  events = event_accumulator.EventAccumulator(
+      workdir, {event_accumulator.TENSORS: 1}  # Each tag's last.
+  )
+  if tf.io.gfile.isdir(workdir):  # Not yet made where the caller did not.
+    events.Reload()
+  last = {t: events.Tensors(t)[-1].step for t in events.Tags()['tensors']}
   writer = metric_writers.create_default_writer(
       workdir, just_logging=jax.process_index() > 0
   )
@@ -117,9 +123,8 @@ def misclassified_grid(
 
 def confusion_matrix(labels, predicted, classes: int = 10) -> np.ndarray:
   """Counts `(true, predicted)`."""
-  matrix = np.zeros((classes, classes), np.int64)
-  np.add.at(matrix, (labels, predicted), 1)
-  return matrix
+  counts = np.bincount(labels * classes + predicted, minlength=classes**2)
+  return counts.reshape(classes, classes)
 
 
 def confusion_matrix_image(matrix: np.ndarray, title: str = '') -> np.ndarray:
@@ -166,47 +171,3 @@ def write_epoch(
     image = confusion_matrix_image(matrix, f'test set after epoch {epoch}')
     writer.write_images(epoch, {'confusion_matrix': image[None]})
   writer.flush()
-
-
-def _events(workdir: str):
-  """(step, wall time, summary value, its tensor) of each value, in order.
-
-  A killed run may leave its last record unfinished: what precedes it counts.
-  """
-  pattern = os.path.join(workdir, 'events.out.tfevents.*')
-  for path in sorted(tf.io.gfile.glob(pattern)):
-    try:
-      for record in tf.data.TFRecordDataset(path):
-        event = tf.compat.v1.Event.FromString(record.numpy())
-        for value in event.summary.value:
-          tensor = tf.make_ndarray(value.tensor)
-          yield event.step, event.wall_time, value, tensor
-    except tf.errors.DataLossError:
-      pass
-
-
-def read_scalars(workdir: str) -> dict[str, dict[int, tuple[float, float]]]:
-  """tag -> step -> (value, wall time) of the scalar summaries in `workdir`."""
-  scalars = {}
-  for step, wall_time, value, tensor in _events(workdir):
-    if tensor.ndim == 0 and tensor.dtype.kind == 'f':
-      scalars.setdefault(value.tag, {})[step] = (float(tensor), wall_time)
-  return scalars
-
-
-def read_images(workdir: str) -> dict[str, dict[int, bytes]]:
-  """tag -> step -> the PNG of the image summaries (width, height, PNG)."""
-  images = {}
-  for step, _, value, tensor in _events(workdir):
-    if value.metadata.plugin_data.plugin_name == 'images':
-      images.setdefault(value.tag, {})[step] = tensor[2]
-  return images
-
-
-def read_texts(workdir: str) -> dict[str, str]:
-  """tag -> the last text summary of that tag in `workdir` (markdown)."""
-  texts = {}
-  for _, _, value, tensor in _events(workdir):
-    if value.metadata.plugin_data.plugin_name == 'text':
-      texts[value.tag] = tensor.item().decode()
-  return texts

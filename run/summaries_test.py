@@ -6,6 +6,7 @@ import numpy as np
 import optax
 import pytest
 from run import summaries
+from tensorboard.backend.event_processing import event_accumulator
 import tensorflow as tf
 
 
@@ -56,23 +57,22 @@ def test_summaries_are_written_and_read_back(tmp_path):
       writer, 2, {'test_loss': 0.25}, test, predicted, 0.1, 100, last=True
   )
 
-  images = summaries.read_images(workdir)
-  assert sorted(images['misclassified']) == [1, 2]
-  for png in images['misclassified'].values():
-    assert tf.image.decode_png(png).shape == (1020, 840, 3)
-  assert tf.image.decode_png(images['confusion_matrix'][2]).shape == (
-      600,
-      600,
-      3,
-  )
-  # The rate of the epoch's last step (49 of 100), only where it is scheduled.
-  scalars = summaries.read_scalars(workdir)
-  assert list(scalars['learning_rate']) == [1]
-  assert scalars['learning_rate'][1][0] == pytest.approx(0.51)
-  assert {s: v for s, (v, _) in scalars['test_loss'].items()} == {
-      1: 0.5,
-      2: 0.25,
+  events = event_accumulator.EventAccumulator(
+      workdir, {event_accumulator.TENSORS: 0}  # All of them.
+  ).Reload()
+  # tag -> step -> the value's array; an image's is (width, height, PNG).
+  values = lambda tag: {
+      e.step: tf.make_ndarray(e.tensor_proto) for e in events.Tensors(tag)
   }
-  texts = summaries.read_texts(workdir)
-  assert texts['num_params'] == '16 parameters'
-  assert 'learning_rate: 0.1' in texts['config']
+  grids = values('misclassified')
+  assert sorted(grids) == [1, 2]
+  for _, _, png in grids.values():
+    assert tf.image.decode_png(png).shape == (1020, 840, 3)
+  matrix = values('confusion_matrix')
+  assert list(matrix) == [2]
+  assert tf.image.decode_png(matrix[2][2]).shape == (600, 600, 3)
+  # The rate of the epoch's last step (49 of 100), only where it is scheduled.
+  assert values('learning_rate') == {1: pytest.approx(0.51)}
+  assert values('test_loss') == {1: 0.5, 2: 0.25}
+  assert values('num_params')[0] == b'16 parameters'
+  assert b'learning_rate: 0.1' in values('config')[0].item()

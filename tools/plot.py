@@ -19,12 +19,29 @@ from absl import app
 from absl import flags
 from matplotlib import figure
 from matplotlib.backends import backend_agg
-from run import summaries
+from tensorboard.backend.event_processing import directory_watcher
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.util import tensor_util
 
 FLAGS = flags.FLAGS
 
 SIZE = (10, 4)  # Inches; at DPI dots per inch, a 1000x400 PNG.
 DPI = 100
+
+
+def read_scalars(workdir: str) -> dict[str, dict[int, float]]:
+  """tag -> step -> value of the scalar summaries in `workdir`."""
+  events = event_accumulator.EventAccumulator(
+      workdir, {event_accumulator.TENSORS: 0}  # All of them.
+  ).Reload()
+  return {
+      tag: {
+          e.step: tensor_util.make_ndarray(e.tensor_proto).item()
+          for e in events.Tensors(tag)
+      }
+      for tag in events.Tags()['tensors']
+      if events.SummaryMetadata(tag).plugin_data.plugin_name == 'scalars'
+  }
 
 
 def plot_curves(scalars, path: str) -> None:
@@ -42,7 +59,7 @@ def plot_curves(scalars, path: str) -> None:
       points = sorted(scalars.get(f'{split}_{name}', {}).items())
       ax.plot(
           [epoch for epoch, _ in points],
-          [v * scale for _, (v, _) in points],
+          [v * scale for _, v in points],
           marker='o',
           label=split,
       )
@@ -61,7 +78,9 @@ def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError('Too many command-line arguments.')
   try:
-    plot_curves(summaries.read_scalars(FLAGS.workdir), FLAGS.out)
+    plot_curves(read_scalars(FLAGS.workdir), FLAGS.out)
+  except directory_watcher.DirectoryDeletedError:
+    sys.exit(f'error: {FLAGS.workdir}: no such directory')
   except ValueError as e:
     sys.exit(f'error: {FLAGS.workdir}: {e}')
   print(f'wrote {FLAGS.out}')
