@@ -139,21 +139,21 @@ def split_arrays(config, split: str) -> sources.Arrays:
   """`split` of `config.dataset` from `config.data_source`."""
   if config.data_source == 'tfds':
     return from_tfds(config, split)
-  # The others read 'train' or 'test' whole, then slice it as TFDS' syntax
-  # says, in examples or percent ('train[:10%]', 'test[-500:]').
-  name, start, stop = config_checks.SPLIT.fullmatch(split).groups()
-  arrays = SOURCES[config.data_source](config, name)
-  n = len(arrays['label'])
-  part = slice(_bound(start, n), _bound(stop, n))
-  # A copy: a small slice does not keep the whole split in memory.
-  return {k: v[part].copy() for k, v in arrays.items()}
-
-
-def _bound(bound: str | None, n: int) -> int | None:
-  """A slice bound, in examples or in percent of the `n` examples (TFDS')."""
-  if bound and bound.endswith('%'):
-    return round(int(bound[:-1]) * n / 100)
-  return None if bound is None else int(bound)
+  # The others read 'train' or 'test' whole, then take what TFDS would of
+  # splits of one shard ('train[:10%]', 'test[-500:]', 'train+test').
+  names = {part.splitname for part in config_checks.split_parts(split)}
+  whole = {name: SOURCES[config.data_source](config, name) for name in names}
+  try:
+    parts = config_checks.split_parts(
+        split, {name: len(a['label']) for name, a in whole.items()}
+    )
+  except ValueError as e:
+    raise sources.DataError(f'split {split!r}: {e}') from None
+  # Copies: a small slice does not keep the whole split in memory.
+  return {
+      k: np.concatenate([whole[p.splitname][k][p.from_ : p.to] for p in parts])
+      for k in ('image', 'label')
+  }
 
 
 def load(config) -> tuple[sources.Arrays, sources.Arrays]:

@@ -186,3 +186,28 @@ def test_other_sources_slice_splits_like_tfds(small_files, assert_same_arrays):
   )
   assert_same_arrays(train, {k: v[:30] for k, v in whole.items()})
   assert_same_arrays(test, {k: v[95:] for k, v in whole_test.items()})
+
+
+def test_other_sources_read_tfds_split_syntax_whole(
+    small_files, assert_same_arrays
+):
+  """'+' joins splits; percent rounds to the closest example, as TFDS does."""
+  train, test = input_pipeline.load(
+      _config(data_source='idx', manual_dir=small_files)
+  )
+  joined = input_pipeline.split_arrays(
+      _config(data_source='idx', manual_dir=small_files),
+      'test[-2:]+train[33.3%:34%]',
+  )
+  assert_same_arrays(
+      joined,
+      {k: np.concatenate([test[k][98:], train[k][100:102]]) for k in train},
+  )
+  with pytest.raises(sources.DataError) as error:
+    input_pipeline.split_arrays(
+        _config(data_source='idx', manual_dir=small_files), 'test[-500:]'
+    )
+  assert str(error.value) == (
+      "split 'test[-500:]': Requested slice [-500:100] incompatible with 100 "
+      'examples.'
+  )

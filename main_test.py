@@ -222,8 +222,9 @@ def test_unknown_config_field_is_rejected(run_main, tmp_path):
         (
             'train_split',
             'trian[:10%]',
-            "a TFDS split of 'train' and 'test', like "
-            "'train[:10%]' or 'train[:50%]+test'",
+            "a TFDS split of 'train' and 'test', like 'train[:10%]' or "
+            "'train[:50%]+test' (TFDS: Unknown split 'trian'. Should be one "
+            "of ['train', 'test'].)",
         ),
     ],
 )

@@ -7,11 +7,12 @@ each file is fetched once, with a timeout, and kept only if whole.
 
 import contextlib
 import hashlib
-import http.client
 import os
-import urllib.error
 import urllib.parse
 import urllib.request
+
+import requests
+import urllib3
 
 TIMEOUT_SECS = 10  # To connect, and between two reads.
 
@@ -44,6 +45,27 @@ def _is_whole(path: str, info) -> bool:
     return hashlib.file_digest(f, 'sha256').hexdigest() == info.checksum
 
 
+def _open(url: str):
+  """`url`'s bytes as sent; a file:// URL's read as a file (requests cannot)."""
+  if url.startswith('file://'):
+    return open(
+        urllib.request.url2pathname(urllib.parse.urlparse(url).path), 'rb'
+    )
+  response = requests.get(url, stream=True, timeout=TIMEOUT_SECS)
+  if not response.ok:
+    response.close()
+    raise OSError(f'HTTP Error {response.status_code}: {response.reason}')
+  return response.raw
+
+
+def _cause(e: BaseException) -> BaseException:
+  """Under requests' and urllib3's wrappers: a refusal, a timeout, ..."""
+  inner = e.__cause__ or e.__context__
+  if inner and type(e).__module__.split('.')[0] in ('requests', 'urllib3'):
+    return _cause(inner)
+  return e
+
+
 def fetch(url_infos: dict, directory: str, mirror: str = '') -> None:
   """Fetches each of TFDS' `url_infos` (address -> UrlInfo) into `directory`.
 
@@ -62,29 +84,21 @@ def fetch(url_infos: dict, directory: str, mirror: str = '') -> None:
     if _is_whole(path, info):
       continue
     try:
-      with urllib.request.urlopen(url, timeout=TIMEOUT_SECS) as response:
-        with whole_file(path) as f:
-          # At most one byte more than the file: a server cannot fill the disk.
-          data = response.read(int(info.size) + 1)
-          f.write(data)
-          f.flush()
-          if not _is_whole(f.name, info):
-            sent = (
-                len(data)
-                if len(data) <= info.size
-                else f'over {int(info.size)}'
-            )
-            raise DownloadError(
-                f'{url} sent {sent} bytes that are not the file TFDS '
-                f'registers ({int(info.size)} bytes, SHA-256 '
-                f'{info.checksum[:12]}...)'
-            )
-    except (OSError, http.client.HTTPException) as e:
-      # A URLError's reason (a name that does not resolve, a timeout), or an
-      # HTTPError's text with its status ('HTTP Error 404: Not Found').
-      plain = isinstance(e, urllib.error.URLError)
-      cause = (
-          e.reason if plain and not isinstance(e, urllib.error.HTTPError) else e
-      )
+      with _open(url) as source, whole_file(path) as f:
+        # At most one byte more than the file: a server cannot fill the disk.
+        data = source.read(int(info.size) + 1)
+        f.write(data)
+        f.flush()
+        if not _is_whole(f.name, info):
+          sent = (
+              len(data) if len(data) <= info.size else f'over {int(info.size)}'
+          )
+          raise DownloadError(
+              f'{url} sent {sent} bytes that are not the file TFDS '
+              f'registers ({int(info.size)} bytes, SHA-256 '
+              f'{info.checksum[:12]}...)'
+          )
+    except (OSError, urllib3.exceptions.HTTPError) as e:
+      cause = _cause(e)
       cause = ' '.join(str(cause).split()) or type(cause).__name__
       raise DownloadError(f'cannot download {url} ({cause})') from None

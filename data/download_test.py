@@ -77,6 +77,13 @@ def test_the_four_files_are_fetched_checked_and_kept(
     download.fetch(url_infos, str(target), url)
 
 
+def test_a_file_url_is_read_as_a_mirror(url_infos, mirror, tmp_path):
+  target = tmp_path / 'downloads'
+  download.fetch(url_infos, str(target), mirror.as_uri())
+  names = sorted(info.filename for info in url_infos.values())
+  assert _listing(target) == names
+
+
 def test_a_file_the_server_does_not_have(url_infos, mirror, tmp_path):
   (mirror / 'train-images-idx3-ubyte.gz').unlink()
   target = tmp_path / 'downloads'

@@ -11,10 +11,9 @@ import json
 import os
 import re
 import ssl
-import urllib.error
-import urllib.request
 
 import numpy as np
+import requests
 from serving.signatures import BYTES_INPUT_NAME, INPUT_NAME, NUM_CLASSES
 
 OUTPUTS = ('probabilities', 'logits')
@@ -119,6 +118,14 @@ def _tls_context(ca_file: str | None) -> ssl.SSLContext:
     raise InputError(f'--ca_file={ca_file}: {cause}') from None
 
 
+def _cause(e: BaseException) -> BaseException:
+  """Under requests' and urllib3's wrappers: a refusal, a timeout, ..."""
+  inner = e.__cause__ or e.__context__
+  if inner and type(e).__module__.split('.')[0] in ('requests', 'urllib3'):
+    return _cause(inner)
+  return e
+
+
 def _certificate_error(address: str, reason: str) -> InputError:
   return InputError(
       f'server {address}: certificate verify failed ({reason}): name the CA '
@@ -155,8 +162,9 @@ class RestClassifier(_Server):
     # `http://` is the scheme if the address names none.
     url = address.rstrip('/') if '://' in address else f'http://{address}'
     self.url = f'{url}/v1/models/{model_name}:predict'
-    https = url.startswith('https://')
-    self._context = _tls_context(ca_file) if https else None
+    if ca_file:
+      _tls_context(ca_file)  # A file of no certificates: its line now.
+    self._verify = ca_file or True  # Else requests' CA certificates.
 
   def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
     if images.dtype == object:
@@ -164,25 +172,28 @@ class RestClassifier(_Server):
     else:
       instances = [{INPUT_NAME: image.tolist()} for image in images]
     payload = {'signature_name': self.signature, 'instances': instances}
-    request = urllib.request.Request(self.url, json.dumps(payload).encode())
-    request.add_header('Content-Type', 'application/json')
     try:
-      with urllib.request.urlopen(
-          request, timeout=self.timeout, context=self._context
-      ) as response:
-        body = json.loads(response.read())
-    except urllib.error.HTTPError as e:
+      response = requests.post(
+          self.url,
+          json.dumps(payload),
+          headers={'Content-Type': 'application/json'},
+          timeout=self.timeout,
+          verify=self._verify,
+      )
+    except requests.RequestException as e:
+      cause = _cause(e)
+      if isinstance(cause, ssl.SSLCertVerificationError):
+        raise _certificate_error(self.address, cause.verify_message) from None
+      raise self._error(f'does not answer ({one_line(cause)})') from None
+    if not response.ok:
       try:
-        cause = tensorflow_error(json.loads(e.read())['error'])
-      except (ValueError, KeyError, TypeError, OSError):
-        cause = one_line(e.reason)
-      raise self._error(f'answered {e.code}: {cause}') from None
-    except (urllib.error.URLError, OSError) as e:
-      reason = getattr(e, 'reason', e)
-      if isinstance(reason, ssl.SSLCertVerificationError):
-        raise _certificate_error(self.address, reason.verify_message) from None
-      raise self._error(f'does not answer ({one_line(reason)})') from None
-    except json.JSONDecodeError:
+        cause = tensorflow_error(response.json()['error'])
+      except (ValueError, KeyError, TypeError):
+        cause = one_line(response.reason)
+      raise self._error(f'answered {response.status_code}: {cause}')
+    try:
+      body = response.json()
+    except ValueError:
       raise self._error('answered with no JSON') from None
     try:
       rows = body['predictions']
