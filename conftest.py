@@ -38,6 +38,7 @@ import filelock
 from flax import nnx
 import input_pipeline
 import numpy as np
+from run import errors
 from run import parallel
 from PIL import Image
 import pytest
@@ -80,7 +81,7 @@ def mnist_files(tmp_path_factory) -> str:
       return input_pipeline.download_files(
           tfds.builder('mnist'), default.get_config()
       )
-  except sources.DataError as e:
+  except errors.UserError as e:
     error = e  # Failed outside the handler: no chained traceback.
   pytest.fail(f'no MNIST files in {directory}, and {error}', pytrace=False)
 

@@ -17,6 +17,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 from run import config_checks
+from run import errors
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.download import download_manager
 
@@ -50,7 +51,7 @@ def _prepare(builder, config) -> None:
   expected = sorted(info.filename for info in builder.url_infos.values())
   missing = [f for f in expected if not os.path.isfile(f'{directory}/{f}')]
   if missing:
-    raise sources.DataError(
+    raise errors.UserError(
         f'{directory}: missing {", ".join(missing)} ({config.dataset} needs '
         f'{", ".join(expected)}; set config.manual_dir or '
         f'${sources.MANUAL_DIR_ENV})'
@@ -63,7 +64,7 @@ def _prepare(builder, config) -> None:
     )
   except download_manager.NonMatchingChecksumError as e:
     bad = next((f for f in expected if f in str(e)), 'a file')
-    raise sources.DataError(
+    raise errors.UserError(
         f'{directory}: {bad} does not match the size and SHA-256 that TFDS '
         f'registers for {config.dataset}: the file is corrupt, truncated or '
         'recompressed; replace it with the original, or read the files with '
@@ -83,7 +84,7 @@ def download_files(builder, config) -> str:
     names = sorted(info.filename for info in builder.url_infos.values())
     where = os.path.dirname(min(builder.url_infos))
     env = f' or ${sources.MANUAL_DIR_ENV}' if config.dataset == 'mnist' else ''
-    raise sources.DataError(
+    raise errors.UserError(
         f'{e}; offline, put the four original files ({", ".join(names)}; '
         f'published at {where}/) in a directory and name it in '
         f'config.manual_dir{env} for TFDS to prepare, or read them from '
@@ -148,7 +149,7 @@ def split_arrays(config, split: str) -> sources.Arrays:
         split, {name: len(a['label']) for name, a in whole.items()}
     )
   except ValueError as e:
-    raise sources.DataError(f'split {split!r}: {e}') from None
+    raise errors.UserError(f'split {split!r}: {e}') from None
   # Copies: a small slice does not keep the whole split in memory.
   return {
       k: np.concatenate([whole[p.splitname][k][p.from_ : p.to] for p in parts])
@@ -189,7 +190,7 @@ def steps_per_epoch(config, train_data) -> int:
   shares = multihost_utils.process_allgather(np.int64(len(train_data['label'])))
   num_train = int(np.sum(shares))
   if config.batch_size > num_train:
-    raise sources.DataError(
+    raise errors.UserError(
         f'config.batch_size={config.batch_size} is larger than the {num_train} '
         f'examples of config.train_split={config.train_split!r}: use at most '
         f'{num_train}'

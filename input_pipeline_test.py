@@ -6,6 +6,7 @@ The other sources' own tests are in data_sources_test.py.
 import glob
 import logging
 import os
+from run import errors
 import shutil
 
 from configs import default
@@ -121,7 +122,7 @@ def test_unwritable_array_cache_warns_and_loads(
 def test_manual_dir_comes_from_the_environment(monkeypatch, tmp_path):
   monkeypatch.setenv(sources.MANUAL_DIR_ENV, str(tmp_path))
   config = _config(data_dir=str(tmp_path / 'tfds'))
-  with pytest.raises(sources.DataError, match=str(tmp_path)):
+  with pytest.raises(errors.UserError, match=str(tmp_path)):
     input_pipeline.get_builder(config)
 
 
@@ -130,7 +131,7 @@ def test_missing_file_names_directory_and_file(copy_of_mnist_files, tmp_path):
   config = _config(
       data_dir=str(tmp_path / 'tfds'), manual_dir=copy_of_mnist_files
   )
-  with pytest.raises(sources.DataError) as error:
+  with pytest.raises(errors.UserError) as error:
     input_pipeline.get_builder(config)
   message = str(error.value)
   assert '\n' not in message
@@ -146,7 +147,7 @@ def test_corrupt_file_names_directory_and_file(copy_of_mnist_files, tmp_path):
   config = _config(
       data_dir=str(tmp_path / 'tfds'), manual_dir=copy_of_mnist_files
   )
-  with pytest.raises(sources.DataError) as error:
+  with pytest.raises(errors.UserError) as error:
     input_pipeline.get_builder(config)
   message = str(error.value)
   assert '\n' not in message
@@ -203,7 +204,7 @@ def test_other_sources_read_tfds_split_syntax_whole(
       joined,
       {k: np.concatenate([test[k][98:], train[k][100:102]]) for k in train},
   )
-  with pytest.raises(sources.DataError) as error:
+  with pytest.raises(errors.UserError) as error:
     input_pipeline.split_arrays(
         _config(data_source='idx', manual_dir=small_files), 'test[-500:]'
     )

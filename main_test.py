@@ -23,7 +23,7 @@ import time
 from absl import flags
 from configs import default
 from run import checkpoints
-from run import config_checks
+from run import errors
 from run import startup
 import main
 import numpy as np
@@ -316,7 +316,7 @@ def test_a_real_process_prints_the_one_line_and_exits_1(workdir):
 def test_traceback_with_verbosity_1(run_main, workdir):
   config, directory, before = workdir
   with pytest.raises(
-      config_checks.ConfigError,
+      errors.UserError,
       match='^config.batch_size=0 is not allowed',
   ):
     run_main(

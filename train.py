@@ -30,10 +30,6 @@ from run import workdirs
 from serving import signatures
 
 
-class TrainingError(errors.UserError):
-  """The run cannot go on; the message is one line for the user."""
-
-
 class NonFiniteLoss(Exception):
   """Global step `step` (counted from 0) had a NaN or infinite loss."""
 
@@ -230,7 +226,7 @@ def format_epoch(epoch: int, summary: dict[str, float]) -> str:
 
 @contextlib.contextmanager
 def _nan_as_error(config, checkpoint_manager, steps_per_epoch: int):
-  """A NonFiniteLoss as the user's TrainingError; the last checkpoint is kept."""
+  """A NonFiniteLoss as the user's errors.UserError; the last checkpoint is kept."""
   try:
     yield
   except NonFiniteLoss as e:
@@ -241,7 +237,7 @@ def _nan_as_error(config, checkpoint_manager, steps_per_epoch: int):
         else 'the last good checkpoint '
         f'({progress.position(latest, steps_per_epoch)}) is kept'
     )
-    raise TrainingError(
+    raise errors.UserError(
         f'loss became {e.loss} at step {e.step + 1} (epoch '
         f'{e.step // steps_per_epoch + 1}); {kept}; try a lower learning '
         f'rate, e.g. --config.learning_rate={config.learning_rate / 10:g}'

@@ -11,6 +11,7 @@ from flax import nnx
 import input_pipeline
 import jax
 import numpy as np
+from run import errors
 from run import parallel
 import pytest
 from run import summaries
@@ -20,7 +21,6 @@ import tensorflow_datasets as tfds
 from tools import plot
 from tools import reference_loop
 import train
-from run import workdirs
 
 
 def test_normalize_is_tf_datas_cast_and_divide_on_the_host_and_jitted():
@@ -181,7 +181,7 @@ def test_checkpoints_every_few_epochs_and_a_finished_run_only_exports(
 
   config.num_epochs = 2
   directory = os.path.join(workdir, 'checkpoints')
-  with pytest.raises(workdirs.WorkdirError) as error:
+  with pytest.raises(errors.UserError) as error:
     train.train_and_evaluate(config, workdir)
   assert str(error.value) == (
       f'{directory} holds a checkpoint (step 48, end of epoch 3) past '

@@ -4,6 +4,7 @@ import contextlib
 import functools
 import http.server
 import os
+from run import errors
 import shutil
 import socket
 import threading
@@ -160,7 +161,7 @@ def test_an_error_names_the_way_out(mirror, tmp_path, monkeypatch):
   config.data_dir = str(tmp_path / 'tfds')
   with _serving(mirror) as url:
     config.download_url = url
-    with pytest.raises(sources.DataError) as error:
+    with pytest.raises(errors.UserError) as error:
       input_pipeline.get_builder(config)
   assert str(error.value) == (
       f'cannot download {url}t10k-labels-idx1-ubyte.gz (HTTP Error 404: File '

@@ -34,20 +34,16 @@ IDX_FILES = {
 Arrays = dict[str, np.ndarray]  # uint8 'image' (N, 28, 28, 1), int32 'label'.
 
 
-class DataError(errors.UserError):
-  """The data set cannot be prepared; the message is one line for the user."""
-
-
 def to_arrays(images, labels) -> Arrays:
   """uint8 images `(N, 28, 28[, 1])` and integer labels as `Arrays`."""
   images, labels = np.asarray(images), np.asarray(labels)
   shape = images.shape[1:]
   if images.dtype != np.uint8 or shape not in ((28, 28), (28, 28, 1)):
-    raise DataError(
+    raise errors.UserError(
         f'expected uint8 images of 28x28 pixels, got {images.dtype} {images.shape}'
     )
   if len(labels) != len(images):
-    raise DataError(f'{len(images)} images but {len(labels)} labels')
+    raise errors.UserError(f'{len(images)} images but {len(labels)} labels')
   return {
       'image': images.reshape(-1, 28, 28, 1),
       'label': labels.astype(np.int32),
@@ -68,19 +64,19 @@ def read_idx(path: str, ndim: int) -> np.ndarray:
     with (gzip.open if path.endswith('.gz') else open)(path, 'rb') as f:
       data = f.read()
   except (OSError, EOFError, zlib.error) as e:
-    raise DataError(
+    raise errors.UserError(
         f'{path}: cannot be read, truncated or corrupt? ({e})'
     ) from None
   header = 4 + 4 * ndim
   magic = int.from_bytes(data[:4], 'big')
   if len(data) < header or magic != 0x800 + ndim:
-    raise DataError(
+    raise errors.UserError(
         f'{path}: not an IDX file of {ndim}-dimensional unsigned bytes (magic '
         f'number {magic:#x}, expected {0x800 + ndim:#x})'
     )
   shape = tuple(int(n) for n in np.frombuffer(data, '>u4', ndim, 4))
   if len(data) != header + np.prod(shape):
-    raise DataError(
+    raise errors.UserError(
         f'{path}: {len(data)} bytes, but its header says {shape}, '
         f'{header + np.prod(shape)} bytes: the file is truncated or not IDX'
     )
@@ -91,7 +87,7 @@ def from_idx(config, split: str) -> Arrays:
   """`split` ('train' or 'test') from the original files, `*-ubyte[.gz]`."""
   directory = named_manual_dir(config) or DEFAULT_IDX_DIRS.get(config.dataset)
   if not directory:
-    raise DataError(
+    raise errors.UserError(
         f'no directory of the original {config.dataset} files: set '
         f'config.manual_dir or ${MANUAL_DIR_ENV}'
     )
@@ -100,7 +96,7 @@ def from_idx(config, split: str) -> Arrays:
     paths = [os.path.join(directory, name + ext) for ext in ('.gz', '')]
     path = next((p for p in paths if os.path.isfile(p)), None)
     if not path:
-      raise DataError(f'{directory}: missing {name}.gz (or {name})')
+      raise errors.UserError(f'{directory}: missing {name}.gz (or {name})')
     arrays.append(read_idx(path, ndim))
   return to_arrays(*arrays)
 
@@ -126,7 +122,7 @@ def from_hf(config, split: str) -> Arrays:
     import datasets  # pylint: disable=g-import-not-at-top
     from pyarrow import parquet  # pylint: disable=g-import-not-at-top
   except ImportError:
-    raise DataError(
+    raise errors.UserError(
         "data_source 'hf' needs Hugging Face datasets: the hf extra, "
         'uv sync --extra hf (make installs it), or pip install datasets'
     ) from None
@@ -140,7 +136,7 @@ def from_hf(config, split: str) -> Arrays:
   pattern = os.path.join(directory, '**', f'{split}-*.parquet')
   files = sorted(glob.glob(pattern, recursive=True))
   if not files:
-    raise DataError(
+    raise errors.UserError(
         f'{directory}: neither a save_to_disk directory nor {split}-*.parquet files'
     )
   # In memory: no copy of the files in the Hugging Face cache.
@@ -168,7 +164,7 @@ def from_torchvision(config, split: str) -> Arrays:
   `config.data_dir`: its root, where it downloads the files if need be.
   """
   if importlib.util.find_spec('torchvision') is None:
-    raise DataError(
+    raise errors.UserError(
         "data_source 'torchvision' needs torchvision, which brings PyTorch: "
         'uv sync --extra torchvision, or pip install torchvision'
     )
@@ -183,7 +179,7 @@ def from_torchvision(config, split: str) -> Arrays:
     )
     if result.returncode:
       lines = result.stderr.strip().splitlines()
-      raise DataError(
+      raise errors.UserError(
           f'{root}: torchvision cannot read or download {config.dataset}: '
           f'{lines[-1] if lines else f"exit status {result.returncode}"}'
       )

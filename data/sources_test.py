@@ -8,6 +8,7 @@ idx source reads from them.
 import gzip
 import importlib.util
 import os
+from run import errors
 import sys
 
 from configs import default
@@ -108,7 +109,7 @@ def test_torchvision_source_gives_the_idx_arrays(
 
 def test_missing_torchvision_says_how_to_install_it(monkeypatch):
   monkeypatch.setitem(sys.modules, 'torchvision', None)  # Import fails.
-  with pytest.raises(sources.DataError, match='pip install torchvision'):
+  with pytest.raises(errors.UserError, match='pip install torchvision'):
     input_pipeline.load(_config(data_source='torchvision'))
 
 
@@ -116,7 +117,7 @@ def test_truncated_idx_file_is_named(small_files):
   path = os.path.join(small_files, 'train-images-idx3-ubyte.gz')
   with open(path, 'r+b') as f:
     f.truncate(1000)
-  with pytest.raises(sources.DataError, match=f'^{path}: cannot be read'):
+  with pytest.raises(errors.UserError, match=f'^{path}: cannot be read'):
     input_pipeline.load(_config(data_source='idx', manual_dir=small_files))
 
 
@@ -124,7 +125,7 @@ def test_short_idx_file_is_named(tmp_path):
   path = tmp_path / 'images'
   path.write_bytes(np.array([0x803, 5, 28, 28], '>u4').tobytes() + bytes(100))
   with pytest.raises(
-      sources.DataError,
+      errors.UserError,
       match=f'^{path}: 116 bytes, but its header says .5, 28, 28., 3936 bytes',
   ):
     sources.read_idx(str(path), 3)
@@ -135,7 +136,7 @@ def test_wrong_idx_file_is_named(small_files):
   images = os.path.join(small_files, 'train-images-idx3-ubyte.gz')
   os.replace(os.path.join(small_files, 'train-labels-idx1-ubyte.gz'), images)
   with pytest.raises(
-      sources.DataError,
+      errors.UserError,
       match=f'^{images}: not an IDX file of 3-dimensional unsigned bytes '
       r'\(magic number 0x801, expected 0x803\)$',
   ):
@@ -145,7 +146,7 @@ def test_wrong_idx_file_is_named(small_files):
 def test_missing_idx_file_is_named(small_files):
   os.remove(os.path.join(small_files, 't10k-labels-idx1-ubyte.gz'))
   with pytest.raises(
-      sources.DataError,
+      errors.UserError,
       match=f'^{small_files}: missing t10k-labels-idx1-ubyte.gz',
   ):
     input_pipeline.load(_config(data_source='idx', manual_dir=small_files))

@@ -15,6 +15,7 @@ from etils import epath
 from flax import nnx
 import orbax.checkpoint as ocp
 from run import config_checks
+from run import errors
 from run import progress
 from run import workdirs
 
@@ -42,7 +43,7 @@ def save(
 ):
   """Saves `objects` (model=..., ...) at `step`; returns its position.
 
-  Raises WorkdirError where it cannot be written (a full disk, a directory
+  Raises errors.UserError where it cannot be written (a full disk, a directory
   made read-only); the checkpoints before it are kept.
   """
   epoch = step // steps_per_epoch
@@ -61,7 +62,7 @@ def save(
     # Orbax and TensorStore raise many kinds of error for a failed write.
     kept = checkpoint_manager.latest_step()
     kept = f'the checkpoint of step {kept}' if kept else 'no checkpoint'
-    raise workdirs.WorkdirError(
+    raise errors.UserError(
         f'cannot write the checkpoint ({at}) in {directory} ({_cause(e)}); '
         f'{kept} is kept: free space or make it writable, then rerun the '
         'same command to resume'
@@ -103,17 +104,17 @@ def config_differences(saved: dict, config) -> list[str]:
 
 
 def _check_fits(meta: dict, config, directory) -> None:
-  """Raises WorkdirError if the checkpoint of `meta` cannot go on as `config`."""
+  """Raises errors.UserError if the checkpoint of `meta` cannot go on as `config`."""
   at = progress.position(meta['step'], meta['steps_per_epoch'])
   start_afresh = f'use a new --workdir or move {directory} away'
   differences = config_differences(meta['config'], config)
   if differences:
-    raise workdirs.WorkdirError(
+    raise errors.UserError(
         f'{directory} holds a checkpoint ({at}) of another config: '
         f'{"; ".join(differences)}; to start afresh, {start_afresh}'
     )
   if meta['step'] > config.num_epochs * meta['steps_per_epoch']:
-    raise workdirs.WorkdirError(
+    raise errors.UserError(
         f'{directory} holds a checkpoint ({at}) past '
         f'config.num_epochs={config.num_epochs}: raise num_epochs, or to start '
         f'afresh, {start_afresh}'
@@ -137,7 +138,7 @@ def restore_newest(checkpoint_manager, config, **objects):
   One that orbax cannot read (a file truncated or lost) is skipped, with a
   warning where `objects` are restored. Returns its JSON item (None if
   there is no checkpoint) and the steps of the damaged ones newer than it.
-  Raises WorkdirError if none restores, or the newest that does is of
+  Raises errors.UserError if none restores, or the newest that does is of
   another config or past `config.num_epochs`.
   """
   damaged, directory = [], checkpoint_manager.directory
@@ -148,7 +149,7 @@ def restore_newest(checkpoint_manager, config, **objects):
       if objects:
         restore(checkpoint_manager, step, **objects)
       return meta, [s for s, _ in damaged]
-    except workdirs.WorkdirError:
+    except errors.UserError:
       raise
     except Exception as e:  # pylint: disable=broad-except
       if objects:
@@ -160,7 +161,7 @@ def restore_newest(checkpoint_manager, config, **objects):
         )
       damaged.append((step, e))
   if damaged:
-    raise workdirs.WorkdirError(
+    raise errors.UserError(
         f'no checkpoint in {directory} can be restored (the newest, of step '
         f'{damaged[0][0]}: {_cause(damaged[0][1])}); to start afresh, use a '
         f'new --workdir or move {directory} away'

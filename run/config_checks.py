@@ -20,10 +20,6 @@ DATA_SOURCES = ('tfds', 'hf', 'torchvision', 'idx')
 DATASETS = ('mnist', 'fashion_mnist')
 
 
-class ConfigError(errors.UserError):
-  """A field's value is not allowed; the message is one line for the user."""
-
-
 def _allows(test: Callable[[Any], bool], allowed: str) -> Check:
   return lambda value, *_: None if test(value) else allowed
 
@@ -118,7 +114,7 @@ RESUMABLE = frozenset(
 
 
 def validate(config: ml_collections.ConfigDict, devices: int = 1) -> None:
-  """Raises ConfigError naming the first field whose value is not allowed.
+  """Raises errors.UserError naming the first field whose value is not allowed.
 
   `devices` is the number of devices that share each batch.
   """
@@ -128,6 +124,6 @@ def validate(config: ml_collections.ConfigDict, devices: int = 1) -> None:
   for name, check in CHECKS.items():
     allowed = check(config[name], config, devices)
     if allowed is not None:
-      raise ConfigError(
+      raise errors.UserError(
           f'config.{name}={config[name]!r} is not allowed: use {allowed}'
       )

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 from run import config_checks
+from run import errors
 from configs import default
 from configs import fast
 import pytest
@@ -43,7 +44,7 @@ def test_the_shipped_configs_pass():
 def test_a_bad_value_is_named_with_what_is_allowed(field, value, allowed):
   config = default.get_config()
   config[field] = value
-  with pytest.raises(config_checks.ConfigError) as error:
+  with pytest.raises(errors.UserError) as error:
     config_checks.validate(config)
   assert str(error.value).startswith(
       f'config.{field}={value!r} is not allowed: use {allowed}'
@@ -80,7 +81,7 @@ def test_a_bad_split_is_one_line_with_tfds_own_words(split, tfds_says):
   config = default.get_config()
   config.data_source = 'idx'
   config.test_split = split
-  with pytest.raises(config_checks.ConfigError) as error:
+  with pytest.raises(errors.UserError) as error:
     config_checks.validate(config)
   assert str(error.value).startswith(
       f"config.test_split={split!r} is not allowed: use a TFDS split of 'train'"
@@ -105,7 +106,7 @@ def test_batch_sizes_are_shared_evenly_by_the_devices(devices):
   if devices == 1:
     config_checks.validate(config, devices)
     return
-  with pytest.raises(config_checks.ConfigError) as error:
+  with pytest.raises(errors.UserError) as error:
     config_checks.validate(config, devices)
   assert str(error.value) == (
       'config.batch_size=130 is not allowed: use a multiple of the 4 devices'

@@ -1,8 +1,7 @@
-"""The errors that end a command with one line for the user, not a traceback.
+"""The error that ends a command with one line for the user, not a traceback.
 
-Each module raises its own kind (ConfigError, DataError, WorkdirError,
-WriteError, TrainingError), all of them `UserError`, which main.py turns
-into `error: <message>` and exit status 1.
+Every module raises `UserError` for what the user can put right; main.py
+turns it into `error: <message>` and exit status 1.
 """
 
 

@@ -142,7 +142,7 @@ def test_batch_size_must_divide_over_the_devices(small_config, tmp_path):
   result = _run(SMALL_RUN, config, str(tmp_path / 'w'), devices=4)
   assert result.returncode != 0
   assert (
-      'ConfigError: config.batch_size=30 is not allowed: use a multiple of the '
+      'UserError: config.batch_size=30 is not allowed: use a multiple of the '
       '4 devices'
   ) in result.stderr
 

@@ -27,13 +27,9 @@ import tensorflow as tf
 GRID, SCALE, CAPTION, HEADER = 10, 3, 16, 20
 
 
-class WriteError(errors.UserError):
-  """Summaries could not be written; the message is one line for the user."""
-
-
 @contextlib.contextmanager
 def _write_errors():
-  """What a failed write raises (clu's writer defers it) as a WriteError."""
+  """What a failed write raises (clu's writer defers it) as a errors.UserError."""
   try:
     yield
   except (asynclib.AsyncError, tf.errors.OpError, OSError) as e:
@@ -42,7 +38,7 @@ def _write_errors():
       error = error.__cause__
     text = getattr(error, 'message', None) or str(error)
     text = re.sub(r'\{\{[^}]*\}\}\s*', '', text).strip().splitlines()[0]
-    raise WriteError(
+    raise errors.UserError(
         f'cannot write the summaries ({text}): free space or make the workdir '
         'writable, then rerun the same command to resume'
     ) from e

@@ -17,10 +17,6 @@ from run import errors
 LOCK_FILE = 'run.lock'
 
 
-class WorkdirError(errors.UserError):
-  """The workdir cannot be used as it is; the message is one line for the user."""
-
-
 def checkpoints_dir(workdir: str) -> str:
   return os.path.join(workdir, 'checkpoints')
 
@@ -41,7 +37,7 @@ def exclusive(workdir: str, hold: bool = True):
   """Holds `workdir`, created if need be, for this process.
 
   filelock's lock, which the system releases however the process ends.
-  Raises WorkdirError where it is held, or cannot be created or written.
+  Raises errors.UserError where it is held, or cannot be created or written.
   Nothing is held on remote file systems (gs://), or without `hold`.
   """
   if not hold or '://' in workdir:
@@ -52,12 +48,12 @@ def exclusive(workdir: str, hold: bool = True):
     os.makedirs(workdir, exist_ok=True)
     lock.acquire()
   except filelock.Timeout as e:
-    raise WorkdirError(
+    raise errors.UserError(
         f'the workdir {workdir} is in use by another run ({e}): wait for it '
         'to end, or use another --workdir'
     ) from None
   except OSError as e:
-    raise WorkdirError(
+    raise errors.UserError(
         f'cannot create or write the workdir {workdir} ({e.filename}: '
         f'{e.strerror}): choose a --workdir that can be created and written'
     ) from None

@@ -18,6 +18,7 @@ sources keep the original files' order (their first is a 7).
 
 import sys
 
+from run import errors
 from run import startup
 
 if __name__ == '__main__':  # Before the modules below import TensorFlow.
@@ -30,7 +31,6 @@ from absl import app
 from absl import flags
 from absl import logging
 from run import config_checks
-from data import sources
 import input_pipeline
 import ml_collections
 from ml_collections import config_flags
@@ -68,7 +68,7 @@ def test_images(
   """The first `num` images `(n, 28, 28)` uint8 and labels of the test split.
 
   Read by input_pipeline from `config`'s source, as training reads them.
-  Raises config_checks.ConfigError or sources.DataError, whose
+  Raises errors.UserError or errors.UserError, whose
   message is one line.
   """
   config_checks.validate(config)
@@ -94,7 +94,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   try:
     images, labels = test_images(FLAGS.config, FLAGS.num)
-  except (config_checks.ConfigError, sources.DataError) as e:
+  except (errors.UserError, errors.UserError) as e:
     sys.exit(f'error: {e}')
   for path in write_pngs(images, labels, FLAGS.out):
     print(path)

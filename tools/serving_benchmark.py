@@ -13,6 +13,7 @@ One JSON object per signature, then one about the machine.
 
 import sys
 
+from run import errors
 from run import startup
 
 if __name__ == '__main__':  # Before the modules below import TensorFlow.
@@ -28,8 +29,6 @@ import time
 from absl import app
 from absl import flags
 from serving import classifiers
-from run import config_checks
-from data import sources
 import numpy as np
 from PIL import Image
 from serving import signatures
@@ -117,7 +116,7 @@ def main(argv):
     sys.exit(f'error: --model={FLAGS.model}: {e}')
   try:
     batches = inputs(FLAGS.config, FLAGS.batch)
-  except (config_checks.ConfigError, sources.DataError) as e:
+  except (errors.UserError, errors.UserError) as e:
     sys.exit(f'error: {e}')
   signatures = tf.saved_model.load(path).signatures
   for signature, (name, batch) in batches.items():
