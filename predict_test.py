@@ -911,6 +911,7 @@ def test_readme_starts_pinned_servers_detached_with_xla():
         '--model_name=mnist',
         '--model_base_path=/models/mnist',
         xla,
+        '--rest_api_enable_cors_support=true',
     ]
   assert '--gpus' in gpu.split() and '--gpus' not in cpu.split()
 

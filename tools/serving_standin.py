@@ -1,4 +1,4 @@
-"""A stand-in for TF Serving's model server, for the tests of predict.py.
+"""A stand-in for TF Serving's model server, for the tests: predict.py, web/.
 
   python -m tools.serving_standin --port=8500 --rest_api_port=8501 \
       --model_name=mnist --model_base_path=$HOME/mnist/export/mnist \
@@ -21,6 +21,25 @@ the server does, in TensorFlow's own code:
   ModelService.GetModelStatus) on --port, behind TLS with --ssl_config_file
   (an SSLConfig text proto), and REST (predict, model status) on
   --rest_api_port if it is not 0.
+- With --rest_api_enable_cors_support=true (false by default, as the
+  server's), every answer of the REST API (any path under /v1/, errors
+  included) carries the server's three CORS headers:
+  Access-Control-Allow-Origin: *, Access-Control-Allow-Methods: POST, GET,
+  and Access-Control-Allow-Headers: Content-Type. An OPTIONS request under
+  /v1/ (a browser's preflight) is answered with or without the flag: 200 and
+  an empty body when its Origin header holds http:// or https:// (anywhere
+  in it, not only at its start), else 400 and an empty body; without the flag
+  the 200 lacks the headers, so a browser refuses to send the request.
+
+The CORS behaviour follows these files of tensorflow/serving, under
+tensorflow_serving/:
+- model_servers/main.cc: the flag; model_servers/server.cc hands it to the
+  server core.
+- model_servers/http_server.cc: the REST dispatcher (paths matching
+  (?i)/v1/.*), the OPTIONS rule, the headers added to every answer.
+- model_servers/http_rest_api_util.cc: the headers.
+- util/net_http/server/internal/evhttp_server.cc: OPTIONS let through to the
+  dispatcher; paths that no handler takes answered 404.
 
 Unlike the server, it listens on the loopback interface only, serves one
 version and does not look for new ones. --rest_api_ssl_config_file is not
@@ -92,6 +111,9 @@ flags.DEFINE_integer(
 )
 flags.DEFINE_string(
     'ssl_config_file', '', 'SSLConfig text proto: gRPC over TLS.'
+)
+flags.DEFINE_bool(
+    'rest_api_enable_cors_support', False, 'CORS headers on REST answers.'
 )
 # Not the server's.
 flags.DEFINE_string(
@@ -322,7 +344,25 @@ class RestHandler(http.server.BaseHTTPRequestHandler):
   """TF Serving's REST API: predict (row format) and model status."""
 
   servable: Servable = None  # Set on the subclass that a server uses.
+  cors = False  # --rest_api_enable_cors_support, set there too.
   PATH = re.compile(r'/v1/models/([^/:]+)(?:/versions/(\d+))?(:predict)?')
+  API = re.compile(r'(?i)/v1/.*')  # The paths the server's dispatcher takes.
+  CORS_HEADERS = {
+      'Access-Control-Allow-Origin': '*',
+      'Access-Control-Allow-Methods': 'POST, GET',
+      'Access-Control-Allow-Headers': 'Content-Type',
+  }
+
+  def do_OPTIONS(self):  # pylint: disable=invalid-name
+    """A CORS preflight: 200 if the Origin names an http(s) page, else 400.
+
+    The server answers it without looking at the model or the flag, with an
+    empty body either way; outside /v1/, its HTTP library's 404.
+    """
+    if not self.API.fullmatch(self.path.split('?')[0]):
+      return self.send_error(404)
+    origin = self.headers.get('Origin', '')
+    return self._send(200 if re.search('https?://', origin) else 400, b'', {})
 
   def do_GET(self):  # pylint: disable=invalid-name
     self._serve(self._status, predict=False)
@@ -377,8 +417,15 @@ class RestHandler(http.server.BaseHTTPRequestHandler):
 
   def _answer(self, status: int, body: dict) -> None:
     data = json.dumps(body).encode()
+    self._send(status, data, {'Content-Type': 'application/json'})
+
+  def _send(self, status: int, data: bytes, headers: dict) -> None:
+    """Answers `data`, with the CORS headers if on and the path is the API's."""
+    if self.cors and self.API.fullmatch(self.path.split('?')[0]):
+      headers = {**headers, **self.CORS_HEADERS}
     self.send_response(status)
-    self.send_header('Content-Type', 'application/json')
+    for name, value in headers.items():
+      self.send_header(name, value)
     self.send_header('Content-Length', str(len(data)))
     self.end_headers()
     self.wfile.write(data)
@@ -517,7 +564,11 @@ def serve(servable: Servable) -> None:
     servers.append(server)
     logging.info('Running gRPC ModelServer at %s ...', address)
   if FLAGS.rest_api_port:
-    handler = type('Handler', (RestHandler,), {'servable': servable})
+    handler = type(
+        'Handler',
+        (RestHandler,),
+        {'servable': servable, 'cors': FLAGS.rest_api_enable_cors_support},
+    )
     rest = http.server.ThreadingHTTPServer(
         ('127.0.0.1', FLAGS.rest_api_port), handler
     )

@@ -1,0 +1,529 @@
+"""Tests of web/index.html in a real browser: headless Chromium, Selenium.
+
+The page is served as README.md serves it (Python's http.server, over HTTP),
+and asks tools/serving_standin.py, started with the flags README.md gives TF
+Serving (read from README.md), on a model trained briefly by the fixtures.
+Digits are drawn as a hand draws them, pointer down, moves, up, with a mouse,
+a pen and a finger, at several sizes and places; the test reads the digit the
+page shows. Other stand-ins, without CORS support or without XLA, and a
+closed port give the page's one-line messages.
+
+Chromium and its driver are Debian's (`apt-get install -y chromium
+chromium-driver`); where they are missing the tests are skipped, saying so,
+except in CI (CI=true), where they fail. Selenium runs offline: it is handed
+the driver and the browser, and downloads nothing.
+
+DRAW_SCREENSHOT=docs/draw.png writes the screenshot of README.md: the page,
+answering a digit drawn here.
+"""
+
+import functools
+import http.server
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+os.environ.setdefault('SE_OFFLINE', 'true')  # Selenium Manager: no downloads.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from selenium import webdriver
+from selenium.common import exceptions
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.actions import interaction
+from selenium.webdriver.common.actions.action_builder import ActionBuilder
+from selenium.webdriver.common.actions.pointer_input import PointerInput
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import WebDriverWait
+
+WEB = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(WEB)
+CHROMIUM = '/usr/bin/chromium'
+CHROMEDRIVER = '/usr/bin/chromedriver'
+INSTALL = 'apt-get install -y chromium chromium-driver'
+SERVING_IMAGE = 'tensorflow/serving:2.20.0'
+CORS_FLAG = '--rest_api_enable_cors_support=true'
+XLA_FLAG = '--xla_cpu_compilation_enabled=true'
+PAD = 280  # The drawing canvas's pixels, as the page sets them.
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def readme_server_flags(model_base_path: str) -> list[str]:
+  """The flags README.md gives TF Serving's CPU image, for `model_base_path`."""
+  with open(os.path.join(ROOT, 'README.md')) as f:
+    (command,) = re.findall(
+        re.escape(SERVING_IMAGE) + r' \\\n(.*?)\n```', f.read(), re.S
+    )
+  return [
+      f'--model_base_path={model_base_path}'
+      if flag.startswith('--model_base_path=')
+      else flag
+      for flag in command.replace('\\\n', ' ').split()
+  ]
+
+
+class StandIn:
+  """tools/serving_standin.py, REST only, on a free loopback port."""
+
+  def __init__(self, server_flags: list[str], log: str):
+    self.address = f'http://127.0.0.1:{_free_port()}'
+    self.log = log
+    with open(log, 'wb') as out:
+      self.process = subprocess.Popen(
+          [
+              sys.executable,
+              '-m',
+              'tools.serving_standin',
+              '--port=0',
+              f'--rest_api_port={self.address.rsplit(":", 1)[1]}',
+              *server_flags,
+          ],
+          cwd=ROOT,
+          stdout=out,
+          stderr=subprocess.STDOUT,
+      )
+
+  def wait_until_served(self, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while self.process.poll() is None and time.monotonic() < deadline:
+      try:
+        with urllib.request.urlopen(
+            f'{self.address}/v1/models/mnist', timeout=5
+        ):
+          return
+      except (urllib.error.URLError, OSError):
+        time.sleep(0.2)
+    with open(self.log, errors='replace') as f:
+      output = f.read()[-3000:]
+    pytest.fail(f'the stand-in served nothing: {output}', pytrace=False)
+
+  def stop(self) -> None:
+    self.process.terminate()
+    try:
+      self.process.wait(30)
+    except subprocess.TimeoutExpired:
+      self.process.kill()
+      self.process.wait()
+
+
+@pytest.fixture(scope='module')
+def servers(trained_export, tmp_path_factory) -> dict[str, str]:
+  """Stand-ins started together: name -> address (http://HOST:PORT).
+
+  'readme' as README.md starts TF Serving; 'no_cors' without CORS support;
+  'no_xla' without XLA, and without warm-up (which would fail the load), so
+  that it answers every request with TensorFlow's error.
+  """
+  readme = readme_server_flags(os.path.dirname(trained_export))
+  variants = {
+      'readme': readme,
+      'no_cors': [f for f in readme if f != CORS_FLAG],
+      'no_xla': [f for f in readme if f != XLA_FLAG]
+      + ['--enable_model_warmup=false'],
+  }
+  logs = tmp_path_factory.mktemp('standins')
+  started = {
+      name: StandIn(server_flags, str(logs / name))
+      for name, server_flags in variants.items()
+  }
+  try:
+    for server in started.values():
+      server.wait_until_served()
+    yield {name: server.address for name, server in started.items()}
+  finally:
+    for server in started.values():
+      server.stop()
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+
+  def log_message(self, *args):
+    del args
+
+
+@pytest.fixture(scope='module')
+def page() -> str:
+  """web/ served over HTTP, as README.md serves it: the page's address."""
+  server = http.server.ThreadingHTTPServer(
+      ('127.0.0.1', 0), functools.partial(_Quiet, directory=WEB)
+  )
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  yield f'http://127.0.0.1:{server.server_address[1]}/'
+  server.shutdown()
+  server.server_close()
+
+
+@pytest.fixture(scope='module')
+def browser():
+  """Headless Chromium, driven by Debian's chromedriver; skipped if missing.
+
+  In CI (CI=true) a missing browser fails the tests instead.
+  """
+  missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not shutil.which(p)]
+  if missing:
+    why = f'{" and ".join(missing)} missing: {INSTALL}'
+    if os.environ.get('CI') == 'true':
+      pytest.fail(why, pytrace=False)
+    pytest.skip(why)
+  profile = tempfile.mkdtemp(prefix='page-test-chromium-')
+  options = webdriver.ChromeOptions()
+  options.binary_location = CHROMIUM
+  for argument in (
+      '--headless=new',
+      '--no-sandbox',
+      '--disable-gpu',
+      '--disable-dev-shm-usage',
+      '--disable-quic',
+      '--no-first-run',
+      '--disable-background-networking',
+      '--disable-component-update',
+      '--disable-sync',
+      '--window-size=800,720',
+      f'--user-data-dir={profile}',
+  ):
+    options.add_argument(argument)
+  driver = webdriver.Chrome(
+      service=Service(executable_path=CHROMEDRIVER), options=options
+  )
+  try:
+    yield driver
+  finally:
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def _message(driver) -> tuple[str, str]:
+  """Waits for the page's answer: its message line's state and text."""
+  element = driver.find_element('id', 'message')
+  WebDriverWait(driver, 30).until(
+      lambda _: element.get_attribute('data-state') in ('ok', 'error', 'idle')
+  )
+  return element.get_attribute('data-state'), element.text
+
+
+def _open(driver, page: str, address: str) -> None:
+  """Opens the page and types `address` into its server field."""
+  driver.get(page)
+  field = driver.find_element('id', 'address')
+  field.clear()
+  field.send_keys(address, Keys.TAB)  # A change: the page asks again.
+  driver.execute_script('document.activeElement.blur();')
+
+
+# Digits as a hand draws them: strokes of points in a unit box, x right and
+# y down, drawn at a size and place on the pad, with points every few pixels.
+
+
+def _ellipse(points: int = 40) -> list[tuple[float, float]]:
+  return [
+      (0.5 - 0.5 * math.sin(a), 0.5 - 0.5 * math.cos(a))
+      for a in (2.1 * math.pi * i / points for i in range(points + 1))
+  ]
+
+
+DIGITS = {
+    0: [_ellipse()],
+    1: [[(0.6, 0.0), (0.4, 1.0)]],
+    4: [[(0.15, 0.0), (0.0, 0.6), (1.0, 0.6)], [(0.7, 0.1), (0.7, 1.0)]],
+    7: [[(0.0, 0.05), (1.0, 0.0), (0.35, 1.0)]],
+}
+
+
+def _along(stroke, step: float) -> list[tuple[float, float]]:
+  """The stroke's corners and points between them, `step` apart at most."""
+  points = [stroke[0]]
+  for (x0, y0), (x1, y1) in zip(stroke, stroke[1:]):
+    n = max(1, math.ceil(math.hypot(x1 - x0, y1 - y0) / step))
+    points += [
+        (x0 + (x1 - x0) * i / n, y0 + (y1 - y0) * i / n)
+        for i in range(1, n + 1)
+    ]
+  return points
+
+
+def draw(driver, strokes, left, top, width, height, kind='mouse') -> None:
+  """Draws unit-box `strokes` in the pad's box (left, top, width, height).
+
+  Pointer down, a move every 6 pixels or so, up, for each stroke: with a
+  mouse, a pen or a finger (`kind`).
+  """
+  pad = driver.find_element('id', 'pad')
+  pointer = PointerInput(
+      {
+          'mouse': interaction.POINTER_MOUSE,
+          'pen': interaction.POINTER_PEN,
+          'touch': interaction.POINTER_TOUCH,
+      }[kind],
+      kind,
+  )
+  actions = ActionBuilder(driver, mouse=pointer, duration=10)
+  scale = pad.size['width'] / PAD
+  for stroke in strokes:
+    unit = 6 / max(width, height)
+    for i, (x, y) in enumerate(_along(stroke, unit)):
+      # Offsets from the pad's centre, in CSS pixels.
+      dx = round((left + x * width - PAD / 2) * scale)
+      dy = round((top + y * height - PAD / 2) * scale)
+      actions.pointer_action.move_to(pad, dx, dy)
+      if i == 0:
+        actions.pointer_action.pointer_down()
+    actions.pointer_action.pointer_up()
+  actions.perform()
+
+
+def clear(driver) -> None:
+  driver.find_element('id', 'clear').click()
+
+
+def shown_digit(driver) -> str:
+  return driver.find_element('id', 'digit').text.strip()
+
+
+@pytest.fixture
+def drawing_page(browser, page, servers):
+  """The page, asking the stand-in started as README.md starts TF Serving."""
+  _open(browser, page, servers['readme'])
+  return browser
+
+
+@pytest.mark.parametrize(
+    'digit, box, kind',
+    [
+        (0, (60, 30, 150, 220), 'mouse'),
+        (1, (170, 60, 60, 180), 'pen'),
+        (4, (20, 20, 240, 240), 'touch'),
+        (7, (30, 130, 110, 130), 'mouse'),
+        (7, (100, 20, 160, 200), 'pen'),
+        (0, (150, 150, 90, 110), 'touch'),
+    ],
+)
+def test_a_drawn_digit_is_answered(drawing_page, digit, box, kind):
+  draw(drawing_page, DIGITS[digit], *box, kind=kind)
+  state, text = _message(drawing_page)
+  assert state == 'ok', text
+  assert shown_digit(drawing_page) == str(digit)
+  bars = drawing_page.find_elements('css selector', '#bars li')
+  assert len(bars) == 10
+  (top,) = drawing_page.find_elements('css selector', '#bars li.top')
+  assert top.text.startswith(str(digit))
+  clear(drawing_page)
+  assert shown_digit(drawing_page) == ''
+
+
+def test_screenshot(drawing_page):
+  """Writes the page answering a drawn 4 to $DRAW_SCREENSHOT, if set."""
+  path = os.environ.get('DRAW_SCREENSHOT')
+  if not path:
+    pytest.skip('DRAW_SCREENSHOT names no file to write')
+  draw(drawing_page, DIGITS[4], 50, 40, 170, 210, kind='pen')
+  assert _message(drawing_page)[0] == 'ok'
+  assert drawing_page.save_screenshot(os.path.join(ROOT, path))
+
+
+def test_the_page_sends_what_mnist_was_prepared_as(drawing_page):
+  """The 28x28 image shown: the digit's box in 20x20, centred by its mass."""
+  draw(drawing_page, DIGITS[1], 200, 10, 40, 120)
+  _message(drawing_page)
+  pixels = drawing_page.execute_script(
+      "const c = document.getElementById('seen').getContext('2d');"
+      'return Array.from(c.getImageData(0, 0, 28, 28).data)'
+      '.filter((_, i) => i % 4 == 0);'
+  )
+  rows = [pixels[28 * y : 28 * y + 28] for y in range(28)]
+  ys = [y for y in range(28) if any(rows[y])]
+  xs = [x for x in range(28) if any(r[x] for r in rows)]
+  assert len(ys) == 20 and len(xs) < 20  # The longer side fills 20.
+  mass = sum(pixels)
+  centre_x = sum(v * (i % 28 + 0.5) for i, v in enumerate(pixels)) / mass
+  centre_y = sum(v * (i // 28 + 0.5) for i, v in enumerate(pixels)) / mass
+  assert abs(centre_x - 14) <= 0.5 and abs(centre_y - 14) <= 0.5
+  clear(drawing_page)
+
+
+def test_a_scribble_is_answered(drawing_page):
+  zigzag = [[(i / 8, (i % 2) * 0.9 + 0.05 * i / 8) for i in range(9)]]
+  draw(drawing_page, zigzag, 40, 60, 200, 160)
+  state, text = _message(drawing_page)
+  assert state == 'ok', text
+  assert shown_digit(drawing_page) in list('0123456789')
+  clear(drawing_page)
+
+
+def test_an_empty_canvas_sends_nothing(drawing_page, servers):
+  _open(drawing_page, drawing_page.current_url, servers['readme'] + '/')
+  assert _message(drawing_page) == (
+      'idle',
+      'the canvas is empty: draw a digit first',
+  )
+
+
+def test_the_address_is_remembered(browser, page, servers):
+  _open(browser, page, servers['no_cors'])
+  browser.refresh()
+  assert browser.find_element('id', 'address').get_attribute('value') == (
+      servers['no_cors']
+  )
+  _open(browser, page, servers['readme'])
+
+
+# What goes wrong: one line each.
+
+
+def test_a_model_the_server_lacks(drawing_page, servers):
+  """A change of the model's name asks again, about the same drawing."""
+  draw(drawing_page, DIGITS[1], 100, 40, 60, 200)
+  assert _message(drawing_page)[0] == 'ok'
+  field = drawing_page.find_element('id', 'model')
+  field.clear()
+  field.send_keys('mnst', Keys.TAB)
+  assert _message(drawing_page) == (
+      'error',
+      f'the server at {servers["readme"]} answered 404: Servable not found '
+      'for request: Latest(mnst)',
+  )
+  field.clear()
+  field.send_keys('mnist', Keys.TAB)
+  assert _message(drawing_page)[0] == 'ok'
+
+
+def test_no_server(browser, page):
+  address = f'http://127.0.0.1:{_free_port()}'
+  _open(browser, page, address)
+  draw(browser, DIGITS[1], 100, 40, 60, 200)
+  assert _message(browser) == (
+      'error',
+      f'no server answers at {address}: is TF Serving running?',
+  )
+
+
+def test_a_server_without_cors_support(browser, page, servers):
+  _open(browser, page, servers['no_cors'])
+  draw(browser, DIGITS[1], 100, 40, 60, 200)
+  assert _message(browser) == (
+      'error',
+      f'the server at {servers["no_cors"]} refused the page: start TF '
+      f'Serving with {CORS_FLAG}',
+  )
+
+
+def test_a_server_without_xla(browser, page, servers):
+  _open(browser, page, servers['no_xla'])
+  draw(browser, DIGITS[7], 60, 40, 160, 200)
+  # The server's own error, for the page's own request.
+  png = browser.execute_script(
+      "return document.getElementById('seen').toDataURL('image/png')"
+      ".split(',')[1];"
+  )
+  request = urllib.request.Request(
+      f'{servers["no_xla"]}/v1/models/mnist:predict',
+      json.dumps(
+          {'signature_name': 'serving_bytes', 'instances': [{'b64': png}]}
+      ).encode(),
+  )
+  with pytest.raises(urllib.error.HTTPError) as error:
+    urllib.request.urlopen(request, timeout=30)
+  assert error.value.code == 500
+  cause = json.loads(error.value.read())['error'].splitlines()[0]
+  assert cause == 'XLA compilation disabled'
+  assert _message(browser) == (
+      'error',
+      f'the server at {servers["no_xla"]} answered 500: {cause}: start TF '
+      f'Serving with {XLA_FLAG} (--xla_gpu_compilation_enabled=true on its '
+      'GPU image)',
+  )
+
+
+def test_a_server_that_never_answers(browser, page):
+  """A port that takes connections and answers nothing: 10 s, then a line."""
+  with socket.socket() as listener:
+    listener.bind(('127.0.0.1', 0))
+    listener.listen()
+    address = f'http://127.0.0.1:{listener.getsockname()[1]}'
+    _open(browser, page, address)
+    draw(browser, DIGITS[1], 100, 40, 60, 200)
+    started = time.monotonic()
+    assert _message(browser) == (
+        'error',
+        f'the server at {address} did not answer within 10 s',
+    )
+    assert time.monotonic() - started < 15
+
+
+# The stand-in's CORS, as TF Serving's REST server answers.
+
+
+def _ask(url: str, method: str, headers: dict) -> tuple[int, dict, bytes]:
+  request = urllib.request.Request(url, method=method, headers=headers)
+  try:
+    with urllib.request.urlopen(request, timeout=30) as answer:
+      return answer.status, dict(answer.headers), answer.read()
+  except urllib.error.HTTPError as e:
+    return e.code, dict(e.headers), e.read()
+
+
+CORS_HEADERS = {
+    'Access-Control-Allow-Origin': '*',
+    'Access-Control-Allow-Methods': 'POST, GET',
+    'Access-Control-Allow-Headers': 'Content-Type',
+}
+
+
+def _cors(headers: dict) -> dict:
+  """The CORS headers among `headers`."""
+  return {k: headers[k] for k in CORS_HEADERS if k in headers}
+
+
+@pytest.mark.parametrize(
+    'variant, cors', [('readme', True), ('no_cors', False)]
+)
+def test_the_standin_answers_cors_as_tf_serving(servers, variant, cors):
+  address = servers[variant]
+  predict = f'{address}/v1/models/mnist:predict'
+  preflight = {
+      'Origin': 'http://127.0.0.1:8000',
+      'Access-Control-Request-Method': 'POST',
+      'Access-Control-Request-Headers': 'content-type',
+  }
+  expected = CORS_HEADERS if cors else {}
+  # A preflight from a page over HTTP(S): 200, empty. TF Serving looks for
+  # http:// or https:// anywhere in the Origin header.
+  for origin in ('http://127.0.0.1:8000', 'https://example.com', 'x-http://'):
+    status, headers, body = _ask(
+        predict, 'OPTIONS', {**preflight, 'Origin': origin}
+    )
+    assert (status, body, _cors(headers)) == (200, b'', expected)
+  # From a file:// page (Origin: null) or none: 400, empty.
+  for origin in ({'Origin': 'null'}, {}):
+    status, headers, body = _ask(predict, 'OPTIONS', origin)
+    assert (status, body, _cors(headers)) == (400, b'', expected)
+  # The headers on every answer of the API, errors included.
+  for url in (f'{address}/v1/models/mnist', f'{address}/v1/models/absent'):
+    assert _cors(_ask(url, 'GET', {})[1]) == expected
+  # Outside /v1/, no handler: 404, without them.
+  status, headers, _ = _ask(f'{address}/', 'OPTIONS', preflight)
+  assert (status, _cors(headers)) == (404, {})
+
+
+def test_the_page_fetches_nothing_else():
+  """One file, its script and style inline: nothing from another address."""
+  with open(os.path.join(WEB, 'index.html')) as f:
+    html = f.read()
+  assert not re.search(r'<(script|link|img|iframe)[^>]*(src|href)=', html)
+  assert re.findall(r'https?://[^\s\'"<]+', html) == ['http://localhost:8501']
