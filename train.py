@@ -26,7 +26,6 @@ from run import errors
 from run import parallel
 from run import progress
 from run import stop_signals
-from run import workdirs
 from serving import signatures
 
 
@@ -351,8 +350,11 @@ def export(model: CNN, config, workdir: str) -> str:
 
   Those compute in float32 on every platform the SavedModel runs on.
   """
-  # Here, not at the top: TensorFlow, which only the export needs.
-  from serving import export as saved_model  # pylint: disable=g-import-not-at-top
+  # Here, not at the top: TensorFlow, which only the export needs, and the
+  # workdir's lock (filelock), which the steps do not.
+  # pylint: disable=g-import-not-at-top
+  from run import workdirs
+  from serving import export as saved_model
 
   flax_model = create_model(config)
   nnx.update(flax_model, parallel.local_copy(nnx.state(model)))

@@ -60,4 +60,5 @@ def exclusive(workdir: str, hold: bool = True):
   try:
     yield
   finally:
+    os.remove(lock.lock_file)  # Before the release: nothing is left behind.
     lock.release()
