@@ -1,8 +1,8 @@
 """What a command does before its imports, and about the libraries' noise.
 
 Every entry point calls `begin(sys.argv)` before the imports that take
-seconds (JAX, TensorFlow): TensorFlow's C++ start-up lines (printed before absl's logging is
-set up) and gRPC's INFO lines are held back unless `-v 1`. For training,
+seconds (JAX, TensorFlow): TensorFlow's C++ start-up lines (printed before
+absl's logging is set up) and gRPC's INFO lines are held back unless `-v 1`. For training,
 SIGTERM and Ctrl-C are taken first, and the garbage collector is off while
 the imports make half a million objects that live until exit, which it
 would walk again and again: `imports_done` freezes them and turns it on.
