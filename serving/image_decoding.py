@@ -48,11 +48,7 @@ def _resample(pixels: tf.Tensor) -> tf.Tensor:
 
 
 def _grey(image: tf.Tensor) -> tf.Tensor:
-  """The `(height, width)` int32 luma of decoded pixels, as Pillow's 'L'.
-
-  Grey (and alpha) as R = G = B; RGB(A) as R, G, B; alpha ignored, as
-  Pillow does.
-  """
+  """The `(height, width)` int32 luma of decoded pixels, as Pillow's 'L'."""
   channels = tf.where(tf.shape(image)[-1] < 3, [0, 0, 0], [0, 1, 2])
   rgb = tf.gather(image, channels, axis=-1)
   weighted = tf.cast(rgb, tf.int32) * tf.constant([19595, 38470, 7471])
@@ -109,27 +105,17 @@ def _prepare(encoded: tf.Tensor) -> tf.Tensor:
   holds the input's bytes.
   """
   index, width, height = claimed_size(encoded)
-  within = (width * height <= MAX_PIXELS) & (
-      tf.maximum(width, height) <= MAX_SIDE
-  )
+  within = width * height <= MAX_PIXELS
+  within &= tf.maximum(width, height) <= MAX_SIDE
   size = tf.strings.length(encoded)
-  message = (
-      tf.where(
-          size < HEADER_BYTES,
-          tf.strings.format('the input is {} bytes, too short to be a ', size),
-          'the input is not a ',
-      )
-      + f'{FORMATS} image, the formats the model decodes'
-  )
-  message = tf.where(
-      index < 0,
-      message,
-      tf.strings.format('the image is {}x{} pixels', (width, height))
-      + f'; the model decodes {BOUND}',
-  )
-  with tf.control_dependencies(
-      [tf.debugging.Assert((index >= 0) & within, [message])]
-  ):
+  short = tf.strings.format('the input is {} bytes, too short to be a ', size)
+  unknown = tf.where(size < HEADER_BYTES, short, 'the input is not a ')
+  unknown += f'{FORMATS} image, the formats the model decodes'
+  large = tf.strings.format('the image is {}x{} pixels', (width, height))
+  large += f'; the model decodes {BOUND}'
+  message = tf.where(index < 0, unknown, large)
+  check = tf.debugging.Assert((index >= 0) & within, [message])
+  with tf.control_dependencies([check]):
     encoded = tf.identity(encoded)
   # Each decoder on its own format only (the index was checked above).
   image = tf.switch_case(
