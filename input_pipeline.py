@@ -35,8 +35,10 @@ def get_builder(config) -> tfds.core.DatasetBuilder:
     return builder
   try:
     builder.as_dataset(split=[])  # No split: only TFDS' check for its data.
+    return builder
   except AssertionError:  # TFDS' word for a data set not prepared.
-    _prepare(builder, config)
+    pass  # Prepared out of this block: its errors' causes are not this one.
+  _prepare(builder, config)
   return builder
 
 

@@ -138,6 +138,20 @@ def test_a_server_that_does_not_answer(url_infos, tmp_path):
   )
 
 
+def test_an_address_that_does_not_parse_is_named(tmp_path, monkeypatch):
+  """Its own cause, not the TFDS check that started the download."""
+  monkeypatch.delenv(sources.MANUAL_DIR_ENV, raising=False)
+  config = default.get_config()
+  config.data_dir = str(tmp_path / 'tfds')
+  config.download_url = 'http://127.0.0.1:99999/'
+  with pytest.raises(errors.UserError) as error:
+    input_pipeline.get_builder(config)
+  assert str(error.value).startswith(
+      'cannot download http://127.0.0.1:99999/t10k-images-idx3-ubyte.gz '
+      '(Failed to parse: http://127.0.0.1:99999/t10k-images-idx3-ubyte.gz); '
+  )
+
+
 def test_tfds_prepares_what_was_downloaded(
     url_infos, mirror, tmp_path, monkeypatch
 ):
