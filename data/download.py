@@ -46,11 +46,9 @@ def _is_whole(path: str, info) -> bool:
 
 
 def _open(url: str):
-  """`url`'s bytes as sent; a file:// URL's read as a file (requests cannot)."""
+  """`url`'s bytes as sent; a file:// URL's by urllib (requests cannot)."""
   if url.startswith('file://'):
-    return open(
-        urllib.request.url2pathname(urllib.parse.urlparse(url).path), 'rb'
-    )
+    return urllib.request.urlopen(url)
   response = requests.get(url, stream=True, timeout=TIMEOUT_SECS)
   if not response.ok:
     response.close()
@@ -59,9 +57,9 @@ def _open(url: str):
 
 
 def _cause(e: BaseException) -> BaseException:
-  """Under requests' and urllib3's wrappers: a refusal, a timeout, ..."""
+  """Under requests', urllib3's and urllib's wrappers: a refusal, ..."""
   inner = e.__cause__ or e.__context__
-  if inner and type(e).__module__.split('.')[0] in ('requests', 'urllib3'):
+  if inner and type(e).__module__.startswith(('requests.', 'urllib')):
     return _cause(inner)
   return e
 
