@@ -209,10 +209,7 @@ def steps_per_epoch(config, train_data) -> int:
 
 
 def epoch_rest(config, step: int, steps: int, train_data) -> np.ndarray:
-  """This process's indices, a row per step, for the rest of `step`'s epoch.
-
-  `steps` an epoch; all of them where `step` begins one.
-  """
+  """This process's indices, a row per step, for the rest of `step`'s epoch."""
   epoch, done = divmod(step, steps)
   batch = config.batch_size // jax.process_count()
   order = epoch_order(config.seed, epoch + 1, len(train_data['label']), batch)

@@ -84,12 +84,9 @@ def _cause(error: OSError) -> str:
 
 
 def load_image(path: str, invert: bool = False) -> np.ndarray:
-  """A `(1, 28, 28, 1)` float32 batch in [0, 1] from an image file.
+  """A `(1, 28, 28, 1)` float32 batch: on MNIST's images, the training data.
 
-  Grey by ITU-R 601 luma (Pillow's 'L'), resized with Pillow's bilinear
-  filter (a 28x28 image is left as it is), divided by 255: on MNIST's own
-  images, exactly the training data. An image whose header claims more than
-  the bound is refused before it is decoded, as the bytes signature does.
+  Its header's size is bounded before it is decoded, as in serving_bytes.
   """
   bound = f'predict.py decodes {signatures.BOUND}'
   try:
@@ -97,10 +94,8 @@ def load_image(path: str, invert: bool = False) -> np.ndarray:
       warnings.simplefilter('ignore', Image.DecompressionBombWarning)
       with Image.open(path) as image:
         width, height = image.size
-        if (
-            width * height > signatures.MAX_PIXELS
-            or max(width, height) > signatures.MAX_SIDE
-        ):
+        too_many = width * height > signatures.MAX_PIXELS
+        if too_many or max(width, height) > signatures.MAX_SIDE:
           raise InputError(f'the image is {width}x{height} pixels; {bound}')
         grey = image.convert('L')
   except Image.DecompressionBombError:  # Over twice Pillow's bound.
@@ -117,11 +112,7 @@ def load_image(path: str, invert: bool = False) -> np.ndarray:
 
 
 def load_array(path: str) -> np.ndarray:
-  """A `(n, 28, 28, 1)` float32 batch in [0, 1] from a `.npy` file.
-
-  One image `(28, 28[, 1])` or a batch `(n, 28, 28[, 1])`: uint8 in [0, 255]
-  (as MNIST's files), or floats in [0, 1] (as training saw them).
-  """
+  """A `(n, 28, 28, 1)` float32 batch from a `.npy` of uint8 or [0, 1] floats."""
   try:
     array = np.load(path, allow_pickle=False)
   except OSError as e:

@@ -1,11 +1,9 @@
 """The layers `models.CNN` is built with on a CPU: Flax's own, faster there.
 
-`for_config(config)` is `flax.nnx` itself but where JAX's default backend
-is the CPU and `config.cpu_levers` is on. There `Conv` and `Linear` are
-Flax's classes given other kernels when built (cpu/matmuls.py: the same
-math; bf16 matmuls with `config.matmul_precision`), and `Dropout` draws
-narrow random bits (cpu/dropout.py) with `config.narrow_dropout_bits`.
-Their state is Flax's: checkpoints and the export do not depend on them.
+With `config.cpu_levers` on a CPU, Flax's classes given other kernels
+(cpu/matmuls.py: the same math, or bf16 matmuls) and narrower random bits
+(cpu/dropout.py). Their state is Flax's: checkpoints and the export do not
+depend on them.
 """
 
 import functools

@@ -65,13 +65,11 @@ def _cause(e: BaseException) -> BaseException:
 
 
 def fetch(url_infos: dict, directory: str, mirror: str = '') -> None:
-  """Fetches each of TFDS' `url_infos` (address -> UrlInfo) into `directory`.
+  """Fetches TFDS' `url_infos` (address -> UrlInfo) into `directory`.
 
-  From the addresses, or from `mirror`, a directory of the same file names.
-  A file already there and whole is kept.
-
-  Raises:
-    DownloadError: naming the first file that could not be fetched whole.
+  From the addresses, or from `mirror`, a directory of the same file names;
+  a file already there and whole is kept. DownloadError names the first
+  that could not be fetched whole.
   """
   os.makedirs(directory, exist_ok=True)
   for url, info in sorted(url_infos.items()):

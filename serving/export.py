@@ -32,10 +32,9 @@ def next_version(model_dir: str) -> int:
 
 
 def requests(model_name: str, images, pixels) -> list:
-  """A PredictionLog of a request for each signature.
+  """A PredictionLog of a request for each signature, of `images` (float32).
 
-  The float signatures get `images` (float32 in [0, 1]), `serving_bytes`
-  `pixels` (the same images as uint8) encoded as PNG files.
+  serving_bytes' holds `pixels` (the same images as uint8) as PNG files.
   """
   inputs = {key: (INPUT_NAME, images) for key in SIGNATURES}
   pngs = np.array([tf.io.encode_png(p).numpy() for p in pixels], object)
@@ -54,9 +53,7 @@ def requests(model_name: str, images, pixels) -> list:
 def export_saved_model(model: nnx.Module, model_dir: str) -> str:
   """Writes the eval-mode `model` to `<model_dir>/<next version>/`; returns it.
 
-  Signatures as serving/signatures.py names them. The version appears by a
-  rename on the same file system (atomic on a local one): TF Serving never
-  loads a half-written one. What a killed export left is removed first.
+  Renamed into place on the same file system: atomic on a local one.
   """
   model.eval()
   graphdef, weights, rest = nnx.split(model, (nnx.Param, nnx.BatchStat), ...)
