@@ -465,10 +465,13 @@ def classify(hlo: Hlo, layers: Layers, instruction: Instruction) -> Op:
     kind = 'loop'
   if 'ynn_fusion' in instruction.attrs or 'ynn' in instruction.name:
     kind += ' (ynn)'
-  work = [i for i in body if i.opcode not in _PLUMBING] or body
-  votes = collections.Counter(
-      layers.of(i) for i in work if layers.of(i) is not None
-  )
+  # The instructions that compute vote; where none says, all that say.
+  work = [i for i in body if i.opcode not in _PLUMBING]
+  votes = collections.Counter(l for l in map(layers.of, work) if l)
+  if not votes:
+    votes = collections.Counter(
+        l for l in map(layers.of, body + [instruction]) if l
+    )
   # The heaviest instruction's layer first: a fusion's dot names it.
   heavy = [i for i in work if i.opcode in ('dot', 'convolution')]
   if heavy and layers.of(heavy[0]):
@@ -501,6 +504,7 @@ def resolve_unknown(hlo: Hlo, thunks: dict, ops: dict) -> None:
         callers[c] = instruction.name
     for o in instruction.operands:
       users[o].append(instruction.name)
+  known = {n: (op.layer, op.direction) for n, op in ops.items() if op.layer}
   for name, op in ops.items():
     if op.layer:
       continue
@@ -513,9 +517,9 @@ def resolve_unknown(hlo: Hlo, thunks: dict, ops: dict) -> None:
         step += users[n] + [o for o in thunks[n].operands if o in thunks]
       frontier = [n for n in step if n not in seen]
       seen.update(frontier)
-      found = next((ops[n] for n in frontier if ops[n].layer), None)
+      found = next((known[n] for n in frontier if n in known), None)
     if found:
-      op.layer, op.direction = found.layer, found.direction
+      op.layer, op.direction = found
     else:
       op.layer = 'other'
 
