@@ -274,9 +274,7 @@ def train_and_evaluate(
   state = nnx.state((model, optimizer, metrics))
   nnx.update((model, optimizer, metrics), parallel.replicate(state, mesh))
   writer = summaries.create_writer(workdir, config, nnx.state(model, nnx.Param))
-  epoch_progress = progress.EpochProgress.create(
-      config, steps_per_epoch, writer
-  )
+  epoch_progress = progress.EpochProgress(config, steps_per_epoch, writer)
   rate = learning_rate(config, steps_per_epoch)
 
   for epoch in range(step // steps_per_epoch + 1, config.num_epochs + 1):
