@@ -257,7 +257,9 @@ def train_and_evaluate(
   import input_pipeline
   from run import checkpoints, summaries
 
-  checkpoint_manager = checkpoints.checked_manager(config, workdir)
+  checkpoint_manager = checkpoints.manager(workdir, config.checkpoints_to_keep)
+  # A checkpoint of another config is an error before the data loads.
+  checkpoints.restore_newest(checkpoint_manager, config)
   mesh = parallel.create_mesh()
   with progress.timed('data'):
     train_data, test_data = input_pipeline.load(config)

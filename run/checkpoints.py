@@ -24,11 +24,9 @@ ITEMS = {'model': 'model', 'optimizer': 'optimizer', 'metrics': 'train_metrics'}
 
 
 def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
-  """The checkpoints of `workdir`, the `keep` most recent kept.
+  """The checkpoints of `workdir`, the `keep` newest kept; made by the first save.
 
-  Saved synchronously: the training step donates the buffers that an
-  asynchronous save would still be reading. The directory comes with the
-  first save.
+  Synchronous: the step donates the buffers an asynchronous save would read.
   """
   options = ocp.CheckpointManagerOptions(
       max_to_keep=keep, create=False, enable_async_checkpointing=False
@@ -71,21 +69,17 @@ def save(
   return at
 
 
-def read_meta(checkpoint_manager, step: int) -> dict:
-  """The JSON item of the checkpoint of `step`."""
-  args = ocp.args.Composite(meta=ocp.args.JsonRestore())
-  return checkpoint_manager.restore(step, args=args).meta
-
-
-def restore(checkpoint_manager, step: int, **objects) -> None:
-  """Puts the state of checkpoint `step` into `objects` (model=..., ...)."""
+def restore(checkpoint_manager, step: int, **objects) -> dict:
+  """The JSON item of checkpoint `step`; its state put into `objects`, if any."""
   items = {
       ITEMS[name]: ocp.args.StandardRestore(nnx.state(obj))
       for name, obj in objects.items()
   }
+  items['meta'] = ocp.args.JsonRestore()
   restored = checkpoint_manager.restore(step, args=ocp.args.Composite(**items))
   for name, obj in objects.items():
     nnx.update(obj, restored[ITEMS[name]])
+  return restored.meta
 
 
 def config_differences(saved: dict, config) -> list[str]:
@@ -144,7 +138,7 @@ def restore_newest(checkpoint_manager, config, **objects):
   damaged, directory = [], checkpoint_manager.directory
   for step in sorted(checkpoint_manager.all_steps(), reverse=True):
     try:
-      meta = read_meta(checkpoint_manager, step)
+      meta = restore(checkpoint_manager, step)
       _check_fits(meta, config, directory)
       if objects:
         restore(checkpoint_manager, step, **objects)
@@ -169,13 +163,6 @@ def restore_newest(checkpoint_manager, config, **objects):
   return None, []
 
 
-def checked_manager(config, workdir: str) -> ocp.CheckpointManager:
-  """The checkpoints of `workdir`, once the newest readable one fits `config`."""
-  checkpoint_manager = manager(workdir, config.checkpoints_to_keep)
-  restore_newest(checkpoint_manager, config)
-  return checkpoint_manager
-
-
 def resume(checkpoint_manager, config, model, optimizer, metrics):
   """The global step and summary to go on from; restores the objects.
 
@@ -185,12 +172,11 @@ def resume(checkpoint_manager, config, model, optimizer, metrics):
   """
   objects = dict(model=model, optimizer=optimizer, metrics=metrics)
   meta, damaged = restore_newest(checkpoint_manager, config, **objects)
+  directory = checkpoint_manager.directory
   for step in damaged:
-    moved = workdirs.damaged_checkpoint_dir(
-        str(checkpoint_manager.directory.parent), step
-    )
+    moved = workdirs.damaged_checkpoint_dir(str(directory.parent), step)
     epath.Path(moved).parent.mkdir(parents=True, exist_ok=True)
-    (checkpoint_manager.directory / str(step)).rename(moved)
+    (directory / str(step)).rename(moved)
     logging.warning(
         'Moved the checkpoint of step %d, which cannot be restored, to %s.',
         step,
@@ -200,9 +186,5 @@ def resume(checkpoint_manager, config, model, optimizer, metrics):
   if meta is None:
     return 0, None
   at = progress.position(meta['step'], meta['steps_per_epoch'])
-  logging.info(
-      'Resuming from the checkpoint (%s) in %s.',
-      at,
-      checkpoint_manager.directory,
-  )
+  logging.info('Resuming from the checkpoint (%s) in %s.', at, directory)
   return meta['step'], meta['summary']
