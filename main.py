@@ -71,7 +71,13 @@ def main(argv):
   signals = stop_signals.install()
   if FLAGS.verbosity < 1:
     startup.quiet_logs()
-  startup.configure_jax(FLAGS.compilation_cache_dir)
+  # The compilation cache, unless '' or $JAX_COMPILATION_CACHE_DIR is set; the
+  # small computations too (initialisers, metrics), not only those over 1 s.
+  cache = os.path.expanduser(FLAGS.compilation_cache_dir)
+  if cache and not jax.config.jax_compilation_cache_dir:
+    jax.config.update('jax_compilation_cache_dir', cache)
+    if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
+      jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
   if FLAGS.distributed:
     jax.distributed.initialize(
         FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id
