@@ -1,8 +1,8 @@
 """What each config field allows, and which a resumed run may change.
 
 `validate` checks every field before any work, so a mistyped value costs
-nothing. A check takes the value, the config and the number of devices, and
-returns None, or what the field allows. A field added to the config without
+nothing. A check takes the value and the number of devices, and returns
+None, or what the field allows. A field added to the config without
 a check here is a programming error (KeyError).
 """
 
@@ -14,7 +14,7 @@ from typing import Any, Callable
 import ml_collections
 from run import errors
 
-Check = Callable[[Any, ml_collections.ConfigDict, int], str | None]
+Check = Callable[[Any, int], str | None]
 
 DATA_SOURCES = ('tfds', 'hf', 'torchvision', 'idx')
 DATASETS = ('mnist', 'fashion_mnist')
@@ -28,7 +28,7 @@ def _one_of(*names) -> Check:
   return _allows(lambda v: v in names, 'one of ' + ', '.join(map(repr, names)))
 
 
-def _devices_share(value, config, devices: int) -> str | None:
+def _devices_share(value, devices: int) -> str | None:
   """A batch size > 0 that the devices share evenly."""
   if value > 0 and value % devices == 0:
     return None
@@ -122,7 +122,7 @@ def validate(config: ml_collections.ConfigDict, devices: int = 1) -> None:
   if unchecked:
     raise KeyError(f'no check for config fields {sorted(unchecked)}')
   for name, check in CHECKS.items():
-    allowed = check(config[name], config, devices)
+    allowed = check(config[name], devices)
     if allowed is not None:
       raise errors.UserError(
           f'config.{name}={config[name]!r} is not allowed: use {allowed}'
