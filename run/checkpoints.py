@@ -39,11 +39,7 @@ def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
 def save(
     checkpoint_manager, step: int, config, steps_per_epoch, summary, **objects
 ):
-  """Saves `objects` (model=..., ...) at `step`; returns its position.
-
-  Raises errors.UserError where it cannot be written (a full disk, a directory
-  made read-only); the checkpoints before it are kept.
-  """
+  """Saves `objects` (model=..., ...) at `step`; returns its position."""
   epoch = step // steps_per_epoch
   meta = {'step': step, 'epoch': epoch, 'steps_per_epoch': steps_per_epoch}
   meta.update(config=config.to_dict(), summary=summary)
@@ -127,13 +123,11 @@ def _cause(error: Exception) -> str:
 
 
 def restore_newest(checkpoint_manager, config, **objects):
-  """Restores the newest checkpoint that restores and fits `config`.
+  """Restores (into `objects`, if any) the newest checkpoint orbax can read.
 
-  One that orbax cannot read (a file truncated or lost) is skipped, with a
-  warning where `objects` are restored. Returns its JSON item (None if
-  there is no checkpoint) and the steps of the damaged ones newer than it.
-  Raises errors.UserError if none restores, or the newest that does is of
-  another config or past `config.num_epochs`.
+  Returns its JSON item (None if there is none) and the damaged steps newer
+  than it. Raises errors.UserError if none restores, or it does not fit
+  `config`.
   """
   damaged, directory = [], checkpoint_manager.directory
   for step in sorted(checkpoint_manager.all_steps(), reverse=True):
