@@ -17,7 +17,6 @@ from run import errors
 Check = Callable[[Any, int], str | None]
 
 DATA_SOURCES = ('tfds', 'hf', 'torchvision', 'idx')
-DATASETS = ('mnist', 'fashion_mnist')
 
 
 def _allows(test: Callable[[Any], bool], allowed: str) -> Check:
@@ -85,7 +84,7 @@ CHECKS = {
     'lr_schedule': _one_of('constant', 'one_cycle'),
     'dropout_rate': _FRACTION,
     'seed': _allows(lambda v: v >= 0, 'an integer >= 0'),
-    'dataset': _one_of(*DATASETS),
+    'dataset': _one_of('mnist', 'fashion_mnist'),
     'data_dir': _ANY,
     'manual_dir': _ANY,
     'download_url': _URL,

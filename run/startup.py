@@ -22,10 +22,7 @@ from run import stop_signals
 
 
 def early_flags(argv) -> flags.FlagValues:
-  """`--config` and `--verbosity` (`-v`) in `argv`, before app.run parses it.
-
-  Parsed by absl (flagfiles too); a value absl will refuse gives the default.
-  """
+  """`--config` and `--verbosity` (`-v`) in `argv` as absl reads them, early."""
   parser = flags.FlagValues()
   flags.DEFINE_string('config', None, '', flag_values=parser)
   flags.DEFINE_integer('verbosity', 0, '', short_name='v', flag_values=parser)

@@ -143,20 +143,15 @@ def confusion_matrix_image(matrix: np.ndarray, title: str = '') -> np.ndarray:
 
 
 def write_epoch(
-    writer, epoch, scalars, test, predicted, learning_rate, steps_done, last
+    writer, epoch, scalars, test, predicted, *, learning_rate, steps_done, last
 ) -> None:
-  """All of an epoch's summaries, flushed, before the epoch's checkpoint.
-
-  Its `scalars`, its misclassified test digits, its learning rate (that of
-  its last step) where it is scheduled (a constant one is a hyperparameter),
-  and after the `last` epoch the confusion matrix.
-  """
+  """All of an epoch's summaries, flushed, before the epoch's checkpoint."""
   writer.write_scalars(epoch, scalars)
   grid = misclassified_grid(
       test['image'], test['label'], predicted, title=f'epoch {epoch}: '
   )
   writer.write_images(epoch, {'misclassified': grid[None]})
-  if callable(learning_rate):
+  if callable(learning_rate):  # A constant one is a hyperparameter.
     rate = float(learning_rate(steps_done - 1))
     writer.write_scalars(epoch, {'learning_rate': rate})
   if last:
