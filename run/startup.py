@@ -8,7 +8,6 @@ is off while the imports make half a million objects that live until exit,
 which it would walk again and again: `imports_done` freezes them.
 """
 
-import asyncio
 import gc
 import importlib.util
 import logging
@@ -114,8 +113,7 @@ class QuietLibraries(logging.Filter):
     top = lambda name: os.path.dirname(importlib.util.find_spec(name).origin)
     orbax = os.path.dirname(top('orbax.checkpoint')) + os.sep
     self._dirs = (orbax, top('tensorflow') + os.sep)
-    asyncio_dir = os.path.dirname(asyncio.__file__) + os.sep
-    self._thread_dirs = (orbax, top('clu') + os.sep, asyncio_dir)
+    self._thread_dirs = (orbax, top('clu') + os.sep, top('asyncio') + os.sep)
 
   def filter(self, record) -> bool:
     if record.levelno <= logging.INFO:
