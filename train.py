@@ -333,7 +333,7 @@ def train_and_evaluate(
             summary,
             model=model,
             optimizer=optimizer,
-            metrics=metrics,
+            train_metrics=metrics,
         )
     if stopped:
       raise stop_signals.Stopped(

@@ -1,8 +1,9 @@
 """Checkpoints of a training run, with orbax-checkpoint.
 
 A checkpoint is the state of the model (its dropout streams included), the
-optimizer and the training metrics, and a JSON item: step, epoch, config,
-the last epoch's summary. The data order is a function of the seed and the
+optimizer and the training metrics (`train_metrics`: orbax reserves
+'metrics'), and a JSON item: step, epoch, config, the last epoch's summary.
+The data order is a function of the seed and the
 epoch. Orbax renames a checkpoint into place when it is whole, so a killed
 run's is never listed.
 """
@@ -18,9 +19,6 @@ from run import config_checks
 from run import errors
 from run import progress
 from run import workdirs
-
-# Item names; 'metrics' is one that CheckpointManager reserves.
-ITEMS = {'model': 'model', 'optimizer': 'optimizer', 'metrics': 'train_metrics'}
 
 
 def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
@@ -44,10 +42,7 @@ def save(
   meta = {'step': step, 'epoch': epoch, 'steps_per_epoch': steps_per_epoch}
   meta.update(config=config.to_dict(), summary=summary)
   at = progress.position(step, steps_per_epoch)
-  items = {
-      ITEMS[name]: ocp.args.StandardSave(nnx.state(obj))
-      for name, obj in objects.items()
-  }
+  items = {k: ocp.args.StandardSave(nnx.state(v)) for k, v in objects.items()}
   items['meta'] = ocp.args.JsonSave(meta)
   directory = checkpoint_manager.directory
   try:
@@ -68,13 +63,13 @@ def save(
 def restore(checkpoint_manager, step: int, **objects) -> dict:
   """The JSON item of checkpoint `step`; its state put into `objects`, if any."""
   items = {
-      ITEMS[name]: ocp.args.StandardRestore(nnx.state(obj))
+      name: ocp.args.StandardRestore(nnx.state(obj))
       for name, obj in objects.items()
   }
   items['meta'] = ocp.args.JsonRestore()
   restored = checkpoint_manager.restore(step, args=ocp.args.Composite(**items))
   for name, obj in objects.items():
-    nnx.update(obj, restored[ITEMS[name]])
+    nnx.update(obj, restored[name])
   return restored.meta
 
 
@@ -164,7 +159,7 @@ def resume(checkpoint_manager, config, model, optimizer, metrics):
   cannot be: they are moved to `<workdir>/damaged_checkpoints/`, out of the
   way of the steps the run saves again.
   """
-  objects = dict(model=model, optimizer=optimizer, metrics=metrics)
+  objects = dict(model=model, optimizer=optimizer, train_metrics=metrics)
   meta, damaged = restore_newest(checkpoint_manager, config, **objects)
   directory = checkpoint_manager.directory
   for step in damaged:

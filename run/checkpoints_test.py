@@ -42,7 +42,7 @@ def test_restore_gives_back_every_value_and_the_json(tmp_path):
   )
   saved = checkpoints.manager(str(tmp_path))
   summary = {'test_accuracy': 0.5}
-  objects = dict(model=model, optimizer=optimizer, metrics=metrics)
+  objects = dict(model=model, optimizer=optimizer, train_metrics=metrics)
   assert (
       checkpoints.save(saved, 7, _config(0), 2, summary, **objects)
       == 'step 7, in epoch 4'
@@ -54,7 +54,7 @@ def test_restore_gives_back_every_value_and_the_json(tmp_path):
   )
   again = checkpoints.manager(str(tmp_path))
   assert checkpoints.restore(
-      again, 7, model=others[0], optimizer=others[1], metrics=others[2]
+      again, 7, model=others[0], optimizer=others[1], train_metrics=others[2]
   ) == {
       'step': 7,
       'epoch': 3,
@@ -77,7 +77,7 @@ def test_a_checkpoint_cut_short_is_not_listed(tmp_path):
       None,
       model=model,
       optimizer=optimizer,
-      metrics=metrics,
+      train_metrics=metrics,
   )
   # What orbax leaves behind when the process dies while it writes step 5.
   unfinished = tmp_path / 'checkpoints' / '5.orbax-checkpoint-tmp-1234'
