@@ -251,8 +251,7 @@ def train_and_evaluate(
   Resumes from `workdir`'s newest checkpoint; `stop()`, asked after each
   dispatch of steps, ends the run there with a checkpoint (`Stopped`).
   """
-  # Here, not at the top: TFDS, orbax, clu and TensorFlow take seconds to
-  # import, and the steps above need none of them.
+  # Here: TFDS, orbax, clu and TensorFlow take seconds; the steps need none.
   # pylint: disable=g-import-not-at-top
   import input_pipeline
   from run import checkpoints, summaries
@@ -307,10 +306,9 @@ def train_and_evaluate(
         test, predicted = evaluate(model, metrics, test_batches)
       summary.update({f'test_{k}': v for k, v in test.items()})
       logging.info('%s', format_epoch(epoch, summary))
-      scalars = {
-          **summary,
-          'train_images_per_sec': epoch_progress.images_per_sec,
-      }
+      scalars = dict(
+          summary, train_images_per_sec=epoch_progress.images_per_sec
+      )
       with progress.timed('summaries'):
         summaries.write_epoch(
             writer,
@@ -350,8 +348,7 @@ def export(model: CNN, config, workdir: str) -> str:
 
   Those compute in float32 on every platform the SavedModel runs on.
   """
-  # Here, not at the top: TensorFlow, which only the export needs, and the
-  # workdir's lock (filelock), which the steps do not.
+  # Here: TensorFlow and filelock, which the steps do not need.
   # pylint: disable=g-import-not-at-top
   from run import workdirs
   from serving import export as saved_model
