@@ -230,12 +230,10 @@ def _nan_as_error(config, checkpoint_manager, steps_per_epoch: int):
     yield
   except NonFiniteLoss as e:
     latest = checkpoint_manager.latest_step()
-    kept = (
-        'no checkpoint was saved before it'
-        if latest is None
-        else 'the last good checkpoint '
-        f'({progress.position(latest, steps_per_epoch)}) is kept'
-    )
+    kept = 'no checkpoint was saved before it'
+    if latest is not None:
+      at = progress.position(latest, steps_per_epoch)
+      kept = f'the last good checkpoint ({at}) is kept'
     raise errors.UserError(
         f'loss became {e.loss} at step {e.step + 1} (epoch '
         f'{e.step // steps_per_epoch + 1}); {kept}; try a lower learning '

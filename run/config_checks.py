@@ -39,6 +39,7 @@ def split_parts(spec: str, sizes: dict[str, int] | None = None) -> list:
 
   `sizes`: each split's examples, one shard; by default any slice fits.
   """
+  # Here: TFDS takes a second to import, and only the split check needs it.
   from tensorflow_datasets.core import splits  # pylint: disable=g-import-not-at-top
 
   sizes = sizes or {'train': sys.maxsize, 'test': sys.maxsize}

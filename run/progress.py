@@ -44,8 +44,8 @@ class EpochProgress:
   """
 
   def __init__(self, config, steps_per_epoch, writer, report=None, stream=None):
+    # Here: clu imports TensorFlow; train.py's steps need neither it nor tqdm.
     # pylint: disable=g-import-not-at-top
-    # Here: clu imports TensorFlow, and train.py's steps need neither it nor tqdm.
     from clu import periodic_actions
     import tqdm
 
