@@ -119,8 +119,7 @@ def create_model(config: ml_collections.ConfigDict, layers=nnx) -> CNN:
 def learning_rate(config: ml_collections.ConfigDict, steps_per_epoch: int):
   """`config.learning_rate`, constant (the example's) or in one cycle.
 
-  'one_cycle' warms up over the first 30% of the steps, then anneals
-  (cosine) to near zero: an accuracy in fewer epochs.
+  One cycle (optax's: warm-up, then cosine decay) takes fewer epochs.
   """
   if config.lr_schedule == 'one_cycle':
     return optax.cosine_onecycle_schedule(
