@@ -42,11 +42,7 @@ config_flags.DEFINE_config_file(
 flags.mark_flags_as_required(['config', 'workdir'])
 flags.DEFINE_string(
     'compilation_cache_dir',
-    os.path.join(
-        os.environ.get('XDG_CACHE_HOME', os.path.expanduser('~/.cache')),
-        'flax_mnist',
-        'jax',
-    ),
+    os.environ.get('XDG_CACHE_HOME', '~/.cache') + '/flax_mnist/jax',
     "JAX's persistent compilation cache: later runs reuse the steps that a "
     "run compiled. '' turns it off; $JAX_COMPILATION_CACHE_DIR, where set, "
     'takes precedence.',
@@ -71,7 +67,12 @@ def main(argv):
   signals = stop_signals.install()
   if FLAGS.verbosity < 1:
     startup.quiet_logs()
-  startup.configure_jax(FLAGS.compilation_cache_dir)
+  cache = os.path.expanduser(FLAGS.compilation_cache_dir)
+  if cache and not jax.config.jax_compilation_cache_dir:
+    jax.config.update('jax_compilation_cache_dir', cache)
+    # The small computations too (initialisers, metrics), not only over 1 s.
+    if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
+      jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
   if FLAGS.distributed:
     jax.distributed.initialize(
         FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id

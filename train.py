@@ -119,8 +119,7 @@ def create_model(config: ml_collections.ConfigDict, layers=nnx) -> CNN:
 def learning_rate(config: ml_collections.ConfigDict, steps_per_epoch: int):
   """`config.learning_rate`, constant (the example's) or in one cycle.
 
-  'one_cycle' warms up over the first 30% of the steps, then anneals
-  (cosine) to near zero: an accuracy in fewer epochs.
+  One cycle (optax's: warm-up, then cosine decay) takes fewer epochs.
   """
   if config.lr_schedule == 'one_cycle':
     return optax.cosine_onecycle_schedule(
@@ -230,12 +229,10 @@ def _nan_as_error(config, checkpoint_manager, steps_per_epoch: int):
     yield
   except NonFiniteLoss as e:
     latest = checkpoint_manager.latest_step()
-    kept = (
-        'no checkpoint was saved before it'
-        if latest is None
-        else 'the last good checkpoint '
-        f'({progress.position(latest, steps_per_epoch)}) is kept'
-    )
+    kept = 'no checkpoint was saved before it'
+    if latest is not None:
+      at = progress.position(latest, steps_per_epoch)
+      kept = f'the last good checkpoint ({at}) is kept'
     raise errors.UserError(
         f'loss became {e.loss} at step {e.step + 1} (epoch '
         f'{e.step // steps_per_epoch + 1}); {kept}; try a lower learning '
@@ -251,13 +248,14 @@ def train_and_evaluate(
   Resumes from `workdir`'s newest checkpoint; `stop()`, asked after each
   dispatch of steps, ends the run there with a checkpoint (`Stopped`).
   """
-  # Here, not at the top: TFDS, orbax, clu and TensorFlow take seconds to
-  # import, and the steps above need none of them.
+  # Here: TFDS, orbax, clu and TensorFlow take seconds; the steps need none.
   # pylint: disable=g-import-not-at-top
   import input_pipeline
   from run import checkpoints, summaries
 
-  checkpoint_manager = checkpoints.checked_manager(config, workdir)
+  checkpoint_manager = checkpoints.manager(workdir, config.checkpoints_to_keep)
+  # A checkpoint of another config is an error before the data loads.
+  checkpoints.restore_newest(checkpoint_manager, config)
   mesh = parallel.create_mesh()
   with progress.timed('data'):
     train_data, test_data = input_pipeline.load(config)
@@ -274,9 +272,7 @@ def train_and_evaluate(
   state = nnx.state((model, optimizer, metrics))
   nnx.update((model, optimizer, metrics), parallel.replicate(state, mesh))
   writer = summaries.create_writer(workdir, config, nnx.state(model, nnx.Param))
-  epoch_progress = progress.EpochProgress.create(
-      config, steps_per_epoch, writer
-  )
+  epoch_progress = progress.EpochProgress(config, steps_per_epoch, writer)
   rate = learning_rate(config, steps_per_epoch)
 
   for epoch in range(step // steps_per_epoch + 1, config.num_epochs + 1):
@@ -307,10 +303,9 @@ def train_and_evaluate(
         test, predicted = evaluate(model, metrics, test_batches)
       summary.update({f'test_{k}': v for k, v in test.items()})
       logging.info('%s', format_epoch(epoch, summary))
-      scalars = {
-          **summary,
-          'train_images_per_sec': epoch_progress.images_per_sec,
-      }
+      scalars = dict(
+          summary, train_images_per_sec=epoch_progress.images_per_sec
+      )
       with progress.timed('summaries'):
         summaries.write_epoch(
             writer,
@@ -333,7 +328,7 @@ def train_and_evaluate(
             summary,
             model=model,
             optimizer=optimizer,
-            metrics=metrics,
+            train_metrics=metrics,
         )
     if stopped:
       raise stop_signals.Stopped(
@@ -350,8 +345,7 @@ def export(model: CNN, config, workdir: str) -> str:
 
   Those compute in float32 on every platform the SavedModel runs on.
   """
-  # Here, not at the top: TensorFlow, which only the export needs, and the
-  # workdir's lock (filelock), which the steps do not.
+  # Here: TensorFlow and filelock, which the steps do not need.
   # pylint: disable=g-import-not-at-top
   from run import workdirs
   from serving import export as saved_model

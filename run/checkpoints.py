@@ -1,8 +1,9 @@
 """Checkpoints of a training run, with orbax-checkpoint.
 
 A checkpoint is the state of the model (its dropout streams included), the
-optimizer and the training metrics, and a JSON item: step, epoch, config,
-the last epoch's summary. The data order is a function of the seed and the
+optimizer and the training metrics (`train_metrics`: orbax reserves
+'metrics'), and a JSON item: step, epoch, config, the last epoch's summary.
+The data order is a function of the seed and the
 epoch. Orbax renames a checkpoint into place when it is whole, so a killed
 run's is never listed.
 """
@@ -19,16 +20,11 @@ from run import errors
 from run import progress
 from run import workdirs
 
-# Item names; 'metrics' is one that CheckpointManager reserves.
-ITEMS = {'model': 'model', 'optimizer': 'optimizer', 'metrics': 'train_metrics'}
-
 
 def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
-  """The checkpoints of `workdir`, the `keep` most recent kept.
+  """The checkpoints of `workdir`, the `keep` newest kept; made by the first save.
 
-  Saved synchronously: the training step donates the buffers that an
-  asynchronous save would still be reading. The directory comes with the
-  first save.
+  Synchronous: the step donates the buffers an asynchronous save would read.
   """
   options = ocp.CheckpointManagerOptions(
       max_to_keep=keep, create=False, enable_async_checkpointing=False
@@ -41,19 +37,12 @@ def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
 def save(
     checkpoint_manager, step: int, config, steps_per_epoch, summary, **objects
 ):
-  """Saves `objects` (model=..., ...) at `step`; returns its position.
-
-  Raises errors.UserError where it cannot be written (a full disk, a directory
-  made read-only); the checkpoints before it are kept.
-  """
+  """Saves `objects` (model=..., ...) at `step`; returns its position."""
   epoch = step // steps_per_epoch
   meta = {'step': step, 'epoch': epoch, 'steps_per_epoch': steps_per_epoch}
   meta.update(config=config.to_dict(), summary=summary)
   at = progress.position(step, steps_per_epoch)
-  items = {
-      ITEMS[name]: ocp.args.StandardSave(nnx.state(obj))
-      for name, obj in objects.items()
-  }
+  items = {k: ocp.args.StandardSave(nnx.state(v)) for k, v in objects.items()}
   items['meta'] = ocp.args.JsonSave(meta)
   directory = checkpoint_manager.directory
   try:
@@ -71,21 +60,17 @@ def save(
   return at
 
 
-def read_meta(checkpoint_manager, step: int) -> dict:
-  """The JSON item of the checkpoint of `step`."""
-  args = ocp.args.Composite(meta=ocp.args.JsonRestore())
-  return checkpoint_manager.restore(step, args=args).meta
-
-
-def restore(checkpoint_manager, step: int, **objects) -> None:
-  """Puts the state of checkpoint `step` into `objects` (model=..., ...)."""
+def restore(checkpoint_manager, step: int, **objects) -> dict:
+  """The JSON item of checkpoint `step`; its state put into `objects`, if any."""
   items = {
-      ITEMS[name]: ocp.args.StandardRestore(nnx.state(obj))
+      name: ocp.args.StandardRestore(nnx.state(obj))
       for name, obj in objects.items()
   }
+  items['meta'] = ocp.args.JsonRestore()
   restored = checkpoint_manager.restore(step, args=ocp.args.Composite(**items))
   for name, obj in objects.items():
-    nnx.update(obj, restored[ITEMS[name]])
+    nnx.update(obj, restored[name])
+  return restored.meta
 
 
 def config_differences(saved: dict, config) -> list[str]:
@@ -133,18 +118,16 @@ def _cause(error: Exception) -> str:
 
 
 def restore_newest(checkpoint_manager, config, **objects):
-  """Restores the newest checkpoint that restores and fits `config`.
+  """Restores (into `objects`, if any) the newest checkpoint orbax can read.
 
-  One that orbax cannot read (a file truncated or lost) is skipped, with a
-  warning where `objects` are restored. Returns its JSON item (None if
-  there is no checkpoint) and the steps of the damaged ones newer than it.
-  Raises errors.UserError if none restores, or the newest that does is of
-  another config or past `config.num_epochs`.
+  Returns its JSON item (None if there is none) and the damaged steps newer
+  than it. Raises errors.UserError if none restores, or it does not fit
+  `config`.
   """
   damaged, directory = [], checkpoint_manager.directory
   for step in sorted(checkpoint_manager.all_steps(), reverse=True):
     try:
-      meta = read_meta(checkpoint_manager, step)
+      meta = restore(checkpoint_manager, step)
       _check_fits(meta, config, directory)
       if objects:
         restore(checkpoint_manager, step, **objects)
@@ -169,13 +152,6 @@ def restore_newest(checkpoint_manager, config, **objects):
   return None, []
 
 
-def checked_manager(config, workdir: str) -> ocp.CheckpointManager:
-  """The checkpoints of `workdir`, once the newest readable one fits `config`."""
-  checkpoint_manager = manager(workdir, config.checkpoints_to_keep)
-  restore_newest(checkpoint_manager, config)
-  return checkpoint_manager
-
-
 def resume(checkpoint_manager, config, model, optimizer, metrics):
   """The global step and summary to go on from; restores the objects.
 
@@ -183,14 +159,13 @@ def resume(checkpoint_manager, config, model, optimizer, metrics):
   cannot be: they are moved to `<workdir>/damaged_checkpoints/`, out of the
   way of the steps the run saves again.
   """
-  objects = dict(model=model, optimizer=optimizer, metrics=metrics)
+  objects = dict(model=model, optimizer=optimizer, train_metrics=metrics)
   meta, damaged = restore_newest(checkpoint_manager, config, **objects)
+  directory = checkpoint_manager.directory
   for step in damaged:
-    moved = workdirs.damaged_checkpoint_dir(
-        str(checkpoint_manager.directory.parent), step
-    )
+    moved = workdirs.damaged_checkpoint_dir(str(directory.parent), step)
     epath.Path(moved).parent.mkdir(parents=True, exist_ok=True)
-    (checkpoint_manager.directory / str(step)).rename(moved)
+    (directory / str(step)).rename(moved)
     logging.warning(
         'Moved the checkpoint of step %d, which cannot be restored, to %s.',
         step,
@@ -200,9 +175,5 @@ def resume(checkpoint_manager, config, model, optimizer, metrics):
   if meta is None:
     return 0, None
   at = progress.position(meta['step'], meta['steps_per_epoch'])
-  logging.info(
-      'Resuming from the checkpoint (%s) in %s.',
-      at,
-      checkpoint_manager.directory,
-  )
+  logging.info('Resuming from the checkpoint (%s) in %s.', at, directory)
   return meta['step'], meta['summary']

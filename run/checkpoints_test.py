@@ -42,7 +42,7 @@ def test_restore_gives_back_every_value_and_the_json(tmp_path):
   )
   saved = checkpoints.manager(str(tmp_path))
   summary = {'test_accuracy': 0.5}
-  objects = dict(model=model, optimizer=optimizer, metrics=metrics)
+  objects = dict(model=model, optimizer=optimizer, train_metrics=metrics)
   assert (
       checkpoints.save(saved, 7, _config(0), 2, summary, **objects)
       == 'step 7, in epoch 4'
@@ -53,16 +53,15 @@ def test_restore_gives_back_every_value_and_the_json(tmp_path):
       np.array_equal(a, b) for a, b in zip(_leaves(*others), _leaves(model))
   )
   again = checkpoints.manager(str(tmp_path))
-  assert checkpoints.read_meta(again, 7) == {
+  assert checkpoints.restore(
+      again, 7, model=others[0], optimizer=others[1], train_metrics=others[2]
+  ) == {
       'step': 7,
       'epoch': 3,
       'steps_per_epoch': 2,
       'config': _config(0).to_dict(),
       'summary': summary,
   }
-  checkpoints.restore(
-      again, 7, model=others[0], optimizer=others[1], metrics=others[2]
-  )
   for a, b in zip(_leaves(*others), _leaves(model, optimizer, metrics)):
     np.testing.assert_array_equal(a, b)
 
@@ -78,7 +77,7 @@ def test_a_checkpoint_cut_short_is_not_listed(tmp_path):
       None,
       model=model,
       optimizer=optimizer,
-      metrics=metrics,
+      train_metrics=metrics,
   )
   # What orbax leaves behind when the process dies while it writes step 5.
   unfinished = tmp_path / 'checkpoints' / '5.orbax-checkpoint-tmp-1234'
@@ -86,7 +85,7 @@ def test_a_checkpoint_cut_short_is_not_listed(tmp_path):
   (unfinished / 'model' / 'half').write_bytes(b'\0' * 10)
   saved = checkpoints.manager(str(tmp_path))
   assert saved.all_steps() == [3]
-  assert checkpoints.read_meta(saved, saved.latest_step())['step'] == 3
+  assert checkpoints.restore(saved, saved.latest_step())['step'] == 3
 
 
 def test_config_differences_leave_out_what_a_resumed_run_may_change():

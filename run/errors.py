@@ -1,8 +1,4 @@
-"""The error that ends a command with one line for the user, not a traceback.
-
-Every module raises `UserError` for what the user can put right; main.py
-turns it into `error: <message>` and exit status 1.
-"""
+"""The error that main.py prints as one line, `error: <message>`, exit status 1."""
 
 
 class UserError(Exception):

@@ -46,14 +46,10 @@ def global_batches(mesh: jax.sharding.Mesh, batches, whole: bool = False):
   whole batches (on every process), of which each process takes its share.
   """
   sharding = NamedSharding(mesh, P(None, AXIS))
-  n, i = jax.process_count(), jax.process_index()
-
-  def make(x):
-    if whole:
-      x = x[:, i * (x.shape[1] // n) : (i + 1) * (x.shape[1] // n)]
-    shape = (x.shape[0], x.shape[1] * n, *x.shape[2:])
-    return jax.make_array_from_process_local_data(sharding, x, shape)
-
+  # Whole: JAX takes each process's part; else it infers the global shape.
+  make = lambda x: jax.make_array_from_process_local_data(
+      sharding, x, x.shape if whole else None
+  )
   return jax.tree.map(make, batches)
 
 

@@ -8,9 +8,9 @@ mnist_benchmark.py.
 """
 
 import contextlib
+import functools
 import sys
 import time
-from typing import TextIO
 
 import jax
 
@@ -38,53 +38,40 @@ def timed(phase: str):
 
 
 class EpochProgress:
-  """The `on_steps` callback of `train.train_epoch`, for one epoch at a time."""
+  """The `on_steps` callback of `train.train_epoch`, for one epoch at a time.
 
-  def __init__(
-      self,
-      report_progress,
-      steps_per_epoch: int,
-      batch_size: int,
-      num_epochs: int,
-      writer=None,
-      stream: TextIO | None = None,
-  ):
-    self._report, self._writer = report_progress, writer
-    self._steps_per_epoch, self._batch_size = steps_per_epoch, batch_size
-    self._num_epochs, self._stream = num_epochs, stream or sys.stderr
-    self._bar = None  # tqdm's, for the epoch begun.
-    self._first = self._last = 0
-    self._start = self._last_time = 0.0
+  `report` stands in for clu's ReportProgress, `stream` for stderr.
+  """
 
-  @classmethod
-  def create(cls, config, steps_per_epoch: int, writer) -> 'EpochProgress':
-    """With clu's ReportProgress (which imports TensorFlow: not on import)."""
-    from clu import periodic_actions  # pylint: disable=g-import-not-at-top
+  def __init__(self, config, steps_per_epoch, writer, report=None, stream=None):
+    # Here: clu imports TensorFlow; train.py's steps need neither it nor tqdm.
+    # pylint: disable=g-import-not-at-top
+    from clu import periodic_actions
+    import tqdm
 
-    report = periodic_actions.ReportProgress(
+    self._report = report or periodic_actions.ReportProgress(
         num_train_steps=config.num_epochs * steps_per_epoch,
         writer=writer,
         every_secs=config.progress_every_secs,
     )
-    return cls(
-        report, steps_per_epoch, config.batch_size, config.num_epochs, writer
-    )
-
-  def start(self, epoch: int, step: int | None = None) -> None:
-    """Starts `epoch` (from 1) at the run's `step`: its first if None."""
-    import tqdm  # pylint: disable=g-import-not-at-top  # Not where JAX alone is.
-
-    first = (epoch - 1) * self._steps_per_epoch
-    self._first = self._last = first if step is None else step
-    self._bar = tqdm.tqdm(
-        desc=f'epoch {epoch}/{self._num_epochs}',
-        total=self._steps_per_epoch,
-        initial=self._first - first,
+    stream = stream or sys.stderr
+    self._new_bar = functools.partial(
+        tqdm.tqdm,
+        total=steps_per_epoch,
         unit='step',
-        file=self._stream,
-        disable=not self._stream.isatty(),
+        file=stream,
+        disable=not stream.isatty(),
         dynamic_ncols=True,
     )
+    self._config, self._writer = config, writer
+    self._steps_per_epoch = steps_per_epoch
+
+  def start(self, epoch: int, step: int) -> None:
+    """Starts `epoch` (from 1) at the run's global `step`."""
+    desc = f'epoch {epoch}/{self._config.num_epochs}'
+    initial = step - (epoch - 1) * self._steps_per_epoch
+    self._bar = self._new_bar(desc=desc, initial=initial)
+    self._first = self._last = step
     self._start = self._last_time = time.perf_counter()
 
   def __call__(self, step: int) -> None:
@@ -100,7 +87,7 @@ class EpochProgress:
   def images_per_sec(self) -> float:
     """Training images a second, from the epoch's start to the last report."""
     seconds = self._last_time - self._start
-    return (self._last - self._first) * self._batch_size / seconds
+    return (self._last - self._first) * self._config.batch_size / seconds
 
   def end(self) -> None:
     """Leaves the epoch's last bar on its own line."""

@@ -4,6 +4,7 @@ import io
 import re
 
 import jax
+import ml_collections
 import pytest
 from run import progress
 
@@ -44,8 +45,11 @@ class FakeReport:
 def _run_epoch(tty: bool, epoch: int = 2):
   stream = FakeStream(tty)
   report = FakeReport(stream)
-  display = progress.EpochProgress(report, 10, 128, 3, report, stream=stream)
-  display.start(epoch)
+  config = ml_collections.ConfigDict({'num_epochs': 3, 'batch_size': 128})
+  display = progress.EpochProgress(
+      config, 10, report, report=report, stream=stream
+  )
+  display.start(epoch, 10 * (epoch - 1))
   for step in (14, 18, 20):  # Steps of the run: epoch 2 starts after 10.
     display(step)
   display.end()

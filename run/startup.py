@@ -2,24 +2,26 @@
 
 Every entry point calls `begin(sys.argv)` before the imports that take
 seconds (JAX, TensorFlow): TensorFlow's C++ start-up lines (printed before
-absl's logging is set up) and gRPC's INFO lines are held back unless `-v 1`. For training,
-SIGTERM and Ctrl-C are taken first, and the garbage collector is off while
-the imports make half a million objects that live until exit, which it
-would walk again and again: `imports_done` freezes them and turns it on.
+absl's logging is set up) and gRPC's INFO lines are held back unless `-v 1`.
+For training, SIGTERM and Ctrl-C are taken first, and the garbage collector
+is off while the imports make half a million objects that live until exit,
+which it would walk again and again: `imports_done` freezes them.
 """
 
-import asyncio
 import gc
 import importlib.util
 import logging
 import os
 import sys
 
+from absl import app
 from absl import flags
+from absl import logging as absl_logging
+from run import stop_signals
 
 
-def _flags(argv) -> flags.FlagValues:
-  """`--config` and `--verbosity` from `argv`, parsed by absl (flagfiles too)."""
+def early_flags(argv) -> flags.FlagValues:
+  """`--config` and `--verbosity` (`-v`) in `argv` as absl reads them, early."""
   parser = flags.FlagValues()
   flags.DEFINE_string('config', None, '', flag_values=parser)
   flags.DEFINE_integer('verbosity', 0, '', short_name='v', flag_values=parser)
@@ -30,18 +32,13 @@ def _flags(argv) -> flags.FlagValues:
   return parser
 
 
-def verbosity(argv) -> int:
-  """absl's `--verbosity` (`-v`) in `argv`, before app.run; 0 if not a number."""
-  return _flags(argv).verbosity
-
-
 def quiet(argv, tensorflow_log_level: int = 1) -> None:
   """TensorFlow's oneDNN and C++ log lines off, gRPC's but errors, unless -v 1.
 
   What the user set stays. Level 1 hides TensorFlow's INFO lines, 2 its
   warnings too.
   """
-  if verbosity(argv) < 1:
+  if early_flags(argv).verbosity < 1:
     os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
     os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', str(tensorflow_log_level))
     os.environ.setdefault('GRPC_VERBOSITY', 'ERROR')
@@ -51,8 +48,6 @@ def begin(argv, training: bool = False, tensorflow_log_level: int = 1) -> None:
   """What a command does first, before its imports (see above)."""
   quiet(argv, tensorflow_log_level)
   if training:
-    from run import stop_signals  # pylint: disable=g-import-not-at-top
-
     stop_signals.install()
     gc.disable()
 
@@ -70,43 +65,24 @@ def hide_gpus() -> None:
   tf.config.experimental.set_visible_devices([], 'GPU')
 
 
-def configure_jax(compilation_cache_dir: str) -> None:
-  """JAX's persistent compilation cache in the directory, unless '' or set.
-
-  The run's many small computations (initialisers, metrics, the schedule)
-  are kept too, not only what took JAX's threshold of 1 s.
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-
-  if compilation_cache_dir and not jax.config.jax_compilation_cache_dir:
-    cache = os.path.expanduser(compilation_cache_dir)
-    jax.config.update('jax_compilation_cache_dir', cache)
-    if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
-      jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
-
-
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing; a `--config` that gives no config is one line.
 
   config_flags loads the file as it parses the flag, and raises what loading
-  raised (a file it cannot read, when the config is first read); a config
-  field that does not exist is an AttributeError that suggests the field
-  meant. absl would print either with a traceback.
+  raised; a config field that does not exist is an AttributeError that
+  suggests the field meant. absl would print either with a traceback.
   """
-  from absl import app  # pylint: disable=g-import-not-at-top
-
   try:
     rest = flags.FLAGS(argv)
     flags.FLAGS.config.keys()  # A file that could not be read raises here.
     return rest
-  except flags.Error as e:
-    given = _flags(argv).config is not None
-    if not (given and str(e).startswith('flag --config=')):
-      return app.parse_flags_with_usage(argv)  # absl's line and its usage.
-    error = e
   except Exception as e:  # pylint: disable=broad-except
     error = e
-  parsed = _flags(argv)  # Whatever the order of the flags that failed.
+  parsed = early_flags(argv)  # Whatever the order of the flags that failed.
+  if isinstance(error, flags.Error) and not (
+      parsed.config is not None and str(error).startswith('flag --config=')
+  ):
+    return app.parse_flags_with_usage(argv)  # absl's line and its usage.
   if parsed.verbosity >= 1:
     raise error
   if isinstance(error, AttributeError) and isinstance(error.args[0], KeyError):
@@ -137,8 +113,7 @@ class QuietLibraries(logging.Filter):
     top = lambda name: os.path.dirname(importlib.util.find_spec(name).origin)
     orbax = os.path.dirname(top('orbax.checkpoint')) + os.sep
     self._dirs = (orbax, top('tensorflow') + os.sep)
-    asyncio_dir = os.path.dirname(asyncio.__file__) + os.sep
-    self._thread_dirs = (orbax, top('clu') + os.sep, asyncio_dir)
+    self._thread_dirs = (orbax, top('clu') + os.sep, top('asyncio') + os.sep)
 
   def filter(self, record) -> bool:
     if record.levelno <= logging.INFO:
@@ -154,8 +129,6 @@ def quiet_logs() -> None:
   After a failed checkpoint write, TensorStore's callbacks into orbax's
   closed event loop fail a dozen times, each reported by Python.
   """
-  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
-
   absl_logging.get_absl_handler().addFilter(QuietLibraries())
   sys.unraisablehook = lambda unraisable: absl_logging.debug(
       'Ignored in %r: %r', unraisable.object, unraisable.exc_value

@@ -44,11 +44,13 @@ def _import_tensorflow(argv: list[str], **environment: str):
     [([], 0), (['--verbosity=1'], 1), (['-v', '2'], 2), (['--v=-1'], -1)],
 )
 def test_verbosity_is_read_as_absl_reads_it(argv, level):
-  assert startup.verbosity(['prog', '--config=c.py', *argv]) == level
+  assert (
+      startup.early_flags(['prog', '--config=c.py', *argv]).verbosity == level
+  )
 
 
 def test_verbosity_that_absl_will_refuse_is_left_to_absl():
-  assert startup.verbosity(['prog', '--verbosity=loud']) == 0
+  assert startup.early_flags(['prog', '--verbosity=loud']).verbosity == 0
 
 
 def test_tensorflow_starts_quietly():

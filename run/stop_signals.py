@@ -29,10 +29,7 @@ class Stopped(Exception):
 
 
 class StopSignals:
-  """Handles SIGTERM and SIGINT for the process (see the module's docstring).
-
-  Training begins, for these signals, when the loop first calls `asked`.
-  """
+  """SIGTERM and SIGINT for the process; training begins at the first `asked`."""
 
   def __init__(self):
     self.received = None

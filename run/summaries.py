@@ -1,8 +1,6 @@
-"""TensorBoard summaries: clu's writer, the epoch's images and texts.
+"""TensorBoard summaries: clu's writer, the epoch's images (uint8 RGB), texts.
 
-Images are drawn as uint8 RGB arrays. Reading summaries back is TensorBoard's
-`EventAccumulator` (here, for the steps written; the tests, the notebook,
-tools/plot.py and mnist_benchmark.py read theirs).
+TensorBoard's `EventAccumulator` reads them back, here for the steps written.
 """
 
 import contextlib
@@ -29,7 +27,7 @@ GRID, SCALE, CAPTION, HEADER = 10, 3, 16, 20
 
 @contextlib.contextmanager
 def _write_errors():
-  """What a failed write raises (clu's writer defers it) as a errors.UserError."""
+  """What a failed write raises (clu's writer defers it) as an errors.UserError."""
   try:
     yield
   except (asynclib.AsyncError, tf.errors.OpError, OSError) as e:
@@ -71,10 +69,9 @@ class NewStepsWriter:
 
 def create_writer(workdir: str, config, params) -> NewStepsWriter:
   """The writer of `workdir`'s summaries (process 0's files, others' logs)."""
-  # Each tag's last step in the event files; a killed run's unfinished last
-  # record is left out.
+  # Each tag's last step; a killed run's unfinished last record is left out.
   events = event_accumulator.EventAccumulator(
-      workdir, {event_accumulator.TENSORS: 1}  # Each tag's last.
+      workdir, {event_accumulator.TENSORS: 1}
   )
   if tf.io.gfile.isdir(workdir):  # Not yet made where the caller did not.
     events.Reload()
@@ -146,20 +143,15 @@ def confusion_matrix_image(matrix: np.ndarray, title: str = '') -> np.ndarray:
 
 
 def write_epoch(
-    writer, epoch, scalars, test, predicted, learning_rate, steps_done, last
+    writer, epoch, scalars, test, predicted, *, learning_rate, steps_done, last
 ) -> None:
-  """All of an epoch's summaries, flushed, before the epoch's checkpoint.
-
-  Its `scalars`, its misclassified test digits, its learning rate (that of
-  its last step) where it is scheduled (a constant one is a hyperparameter),
-  and after the `last` epoch the confusion matrix.
-  """
+  """All of an epoch's summaries, flushed, before the epoch's checkpoint."""
   writer.write_scalars(epoch, scalars)
   grid = misclassified_grid(
       test['image'], test['label'], predicted, title=f'epoch {epoch}: '
   )
   writer.write_images(epoch, {'misclassified': grid[None]})
-  if callable(learning_rate):
+  if callable(learning_rate):  # A constant one is a hyperparameter.
     rate = float(learning_rate(steps_done - 1))
     writer.write_scalars(epoch, {'learning_rate': rate})
   if last:

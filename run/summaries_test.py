@@ -51,10 +51,24 @@ def test_summaries_are_written_and_read_back(tmp_path):
   schedule = optax.linear_schedule(1.0, 0.0, 100)
   test = {'image': _digits(10), 'label': labels}
   summaries.write_epoch(
-      writer, 1, {'test_loss': 0.5}, test, predicted, schedule, 50, last=False
+      writer,
+      1,
+      {'test_loss': 0.5},
+      test,
+      predicted,
+      learning_rate=schedule,
+      steps_done=50,
+      last=False,
   )
   summaries.write_epoch(
-      writer, 2, {'test_loss': 0.25}, test, predicted, 0.1, 100, last=True
+      writer,
+      2,
+      {'test_loss': 0.25},
+      test,
+      predicted,
+      learning_rate=0.1,
+      steps_done=100,
+      last=True,
   )
 
   events = event_accumulator.EventAccumulator(

@@ -34,11 +34,9 @@ def export_dir(workdir: str, model_name: str) -> str:
 
 @contextlib.contextmanager
 def exclusive(workdir: str, hold: bool = True):
-  """Holds `workdir`, created if need be, for this process.
+  """Holds `workdir`, created if need be, for this process (unless remote).
 
   filelock's lock, which the system releases however the process ends.
-  Raises errors.UserError where it is held, or cannot be created or written.
-  Nothing is held on remote file systems (gs://), or without `hold`.
   """
   if not hold or '://' in workdir:
     yield
