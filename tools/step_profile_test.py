@@ -10,6 +10,7 @@ from configs import default
 from cpu import layers as cpu_layers
 from flax import nnx
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 import numpy as np
 from run import parallel
 import train
@@ -96,11 +97,14 @@ def _canonical(text: str) -> str:
 def test_the_layers_scopes_change_names_and_metadata_alone():
   # Compiled, not taken from the tests' persistent cache with another's
   # metadata.
+  # JAX decides whether to use the cache once a process: decided again.
   cached = jax.config.jax_enable_compilation_cache
   jax.config.update('jax_enable_compilation_cache', False)
+  compilation_cache.reset_cache()
   try:
     unscoped, scoped = _step_hlo(False), _step_hlo(True)
   finally:
     jax.config.update('jax_enable_compilation_cache', cached)
+    compilation_cache.reset_cache()
   assert 'jvp(conv1)' in scoped and 'jvp(conv1)' not in unscoped
   assert _canonical(scoped) == _canonical(unscoped)
