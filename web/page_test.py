@@ -25,21 +25,19 @@ import os
 import re
 import shutil
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 
+import predict_test
 import pytest
 
 os.environ.setdefault('SE_OFFLINE', 'true')  # Selenium Manager: no downloads.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from selenium import webdriver
-from selenium.common import exceptions
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.actions import interaction
 from selenium.webdriver.common.actions.action_builder import ActionBuilder
@@ -52,74 +50,9 @@ ROOT = os.path.dirname(WEB)
 CHROMIUM = '/usr/bin/chromium'
 CHROMEDRIVER = '/usr/bin/chromedriver'
 INSTALL = 'apt-get install -y chromium chromium-driver'
-SERVING_IMAGE = 'tensorflow/serving:2.20.0'
 CORS_FLAG = '--rest_api_enable_cors_support=true'
 XLA_FLAG = '--xla_cpu_compilation_enabled=true'
 PAD = 280  # The drawing canvas's pixels, as the page sets them.
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
-def readme_server_flags(model_base_path: str) -> list[str]:
-  """The flags README.md gives TF Serving's CPU image, for `model_base_path`."""
-  with open(os.path.join(ROOT, 'README.md')) as f:
-    (command,) = re.findall(
-        re.escape(SERVING_IMAGE) + r' \\\n(.*?)\n```', f.read(), re.S
-    )
-  return [
-      f'--model_base_path={model_base_path}'
-      if flag.startswith('--model_base_path=')
-      else flag
-      for flag in command.replace('\\\n', ' ').split()
-  ]
-
-
-class StandIn:
-  """tools/serving_standin.py, REST only, on a free loopback port."""
-
-  def __init__(self, server_flags: list[str], log: str):
-    self.address = f'http://127.0.0.1:{_free_port()}'
-    self.log = log
-    with open(log, 'wb') as out:
-      self.process = subprocess.Popen(
-          [
-              sys.executable,
-              '-m',
-              'tools.serving_standin',
-              '--port=0',
-              f'--rest_api_port={self.address.rsplit(":", 1)[1]}',
-              *server_flags,
-          ],
-          cwd=ROOT,
-          stdout=out,
-          stderr=subprocess.STDOUT,
-      )
-
-  def wait_until_served(self, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while self.process.poll() is None and time.monotonic() < deadline:
-      try:
-        with urllib.request.urlopen(
-            f'{self.address}/v1/models/mnist', timeout=5
-        ):
-          return
-      except (urllib.error.URLError, OSError):
-        time.sleep(0.2)
-    with open(self.log, errors='replace') as f:
-      output = f.read()[-3000:]
-    pytest.fail(f'the stand-in served nothing: {output}', pytrace=False)
-
-  def stop(self) -> None:
-    self.process.terminate()
-    try:
-      self.process.wait(30)
-    except subprocess.TimeoutExpired:
-      self.process.kill()
-      self.process.wait()
 
 
 @pytest.fixture(scope='module')
@@ -130,7 +63,7 @@ def servers(trained_export, tmp_path_factory) -> dict[str, str]:
   'no_xla' without XLA, and without warm-up (which would fail the load), so
   that it answers every request with TensorFlow's error.
   """
-  readme = readme_server_flags(os.path.dirname(trained_export))
+  readme = predict_test.readme_server_flags(os.path.dirname(trained_export))
   variants = {
       'readme': readme,
       'no_cors': [f for f in readme if f != CORS_FLAG],
@@ -139,13 +72,13 @@ def servers(trained_export, tmp_path_factory) -> dict[str, str]:
   }
   logs = tmp_path_factory.mktemp('standins')
   started = {
-      name: StandIn(server_flags, str(logs / name))
+      name: predict_test.StandIn(server_flags, str(logs / name))
       for name, server_flags in variants.items()
   }
   try:
     for server in started.values():
       server.wait_until_served()
-    yield {name: server.address for name, server in started.items()}
+    yield {name: f'http://{server.rest}' for name, server in started.items()}
   finally:
     for server in started.values():
       server.stop()
@@ -404,7 +337,7 @@ def test_a_model_the_server_lacks(drawing_page, servers):
 
 
 def test_no_server(browser, page):
-  address = f'http://127.0.0.1:{_free_port()}'
+  address = f'http://127.0.0.1:{predict_test._free_port()}'
   _open(browser, page, address)
   draw(browser, DIGITS[1], 100, 40, 60, 200)
   assert _message(browser) == (
