@@ -224,7 +224,7 @@ def format_epoch(epoch: int, summary: dict[str, float]) -> str:
 
 @contextlib.contextmanager
 def _nan_as_error(config, checkpoint_manager, steps_per_epoch: int):
-  """A NonFiniteLoss as the user's errors.UserError; the last checkpoint is kept."""
+  """A NonFiniteLoss as a UserError for the user; the last checkpoint is kept."""
   try:
     yield
   except NonFiniteLoss as e:

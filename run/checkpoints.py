@@ -89,7 +89,7 @@ def config_differences(saved: dict, config) -> list[str]:
 
 
 def _check_fits(meta: dict, config, directory) -> None:
-  """Raises errors.UserError if the checkpoint of `meta` cannot go on as `config`."""
+  """Raises UserError if the checkpoint of `meta` cannot go on as `config`."""
   at = progress.position(meta['step'], meta['steps_per_epoch'])
   start_afresh = f'use a new --workdir or move {directory} away'
   differences = config_differences(meta['config'], config)

@@ -27,7 +27,7 @@ GRID, SCALE, CAPTION, HEADER = 10, 3, 16, 20
 
 @contextlib.contextmanager
 def _write_errors():
-  """What a failed write raises (clu's writer defers it) as an errors.UserError."""
+  """What a failed write raises (clu's writer defers it) as a UserError."""
   try:
     yield
   except (asynclib.AsyncError, tf.errors.OpError, OSError) as e:

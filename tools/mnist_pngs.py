@@ -68,8 +68,7 @@ def test_images(
   """The first `num` images `(n, 28, 28)` uint8 and labels of the test split.
 
   Read by input_pipeline from `config`'s source, as training reads them.
-  Raises errors.UserError or errors.UserError, whose
-  message is one line.
+  Raises UserError, whose message is one line.
   """
   config_checks.validate(config)
   test = input_pipeline.split_arrays(config, config.test_split)
@@ -94,7 +93,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   try:
     images, labels = test_images(FLAGS.config, FLAGS.num)
-  except (errors.UserError, errors.UserError) as e:
+  except errors.UserError as e:
     sys.exit(f'error: {e}')
   for path in write_pngs(images, labels, FLAGS.out):
     print(path)

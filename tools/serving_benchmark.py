@@ -116,7 +116,7 @@ def main(argv):
     sys.exit(f'error: --model={FLAGS.model}: {e}')
   try:
     batches = inputs(FLAGS.config, FLAGS.batch)
-  except (errors.UserError, errors.UserError) as e:
+  except errors.UserError as e:
     sys.exit(f'error: {e}')
   signatures = tf.saved_model.load(path).signatures
   for signature, (name, batch) in batches.items():

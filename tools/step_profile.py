@@ -43,7 +43,6 @@ if __name__ == '__main__':  # Before the modules below import TensorFlow.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import collections
-import contextlib
 import dataclasses
 import glob
 import gzip
@@ -155,25 +154,9 @@ class Op:
   calls: float = 0.0
 
 
-def _split_top(text: str, sep: str = ',') -> list[str]:
-  """`text` split at `sep` outside brackets and quotes."""
-  parts, depth, quoted, start = [], 0, False, 0
-  for i, c in enumerate(text):
-    if c == '"':
-      quoted = not quoted
-    elif not quoted and c in '([{':
-      depth += 1
-    elif not quoted and c in ')]}':
-      depth -= 1
-    elif not quoted and depth == 0 and c == sep:
-      parts.append(text[start:i])
-      start = i + 1
-  parts.append(text[start:])
-  return [p.strip() for p in parts if p.strip()]
-
-
-def _closing(text: str, start: int) -> int:
-  """The index of the bracket closing the one at `text[start]`."""
+def _depths(text: str, start: int = 0):
+  """Each index of `text` from `start`, with the bracket depth after its
+  character; None inside quotes."""
   depth, quoted = 0, False
   for i in range(start, len(text)):
     c = text[i]
@@ -183,8 +166,25 @@ def _closing(text: str, start: int) -> int:
       depth += 1
     elif not quoted and c in ')]}':
       depth -= 1
-      if depth == 0:
-        return i
+    yield i, None if quoted else depth
+
+
+def _split_top(text: str, sep: str = ',') -> list[str]:
+  """`text` split at `sep` outside brackets and quotes."""
+  parts, start = [], 0
+  for i, depth in _depths(text):
+    if depth == 0 and text[i] == sep:
+      parts.append(text[start:i])
+      start = i + 1
+  parts.append(text[start:])
+  return [p.strip() for p in parts if p.strip()]
+
+
+def _closing(text: str, start: int) -> int:
+  """The index of the bracket closing the one at `text[start]`."""
+  for i, depth in _depths(text, start):
+    if depth == 0 and text[i] in ')]}':
+      return i
   raise ValueError(f'unbalanced: {text[start:start + 80]}')
 
 
