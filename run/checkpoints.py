@@ -121,8 +121,8 @@ def restore_newest(checkpoint_manager, config, **objects):
   """Restores (into `objects`, if any) the newest checkpoint orbax can read.
 
   Returns its JSON item (None if there is none) and the damaged steps newer
-  than it. Raises errors.UserError if none restores, or it does not fit
-  `config`.
+  than it, each with its error's gist. Raises errors.UserError if none
+  restores, or it does not fit `config`.
   """
   damaged, directory = [], checkpoint_manager.directory
   for step in sorted(checkpoint_manager.all_steps(), reverse=True):
@@ -131,23 +131,16 @@ def restore_newest(checkpoint_manager, config, **objects):
       _check_fits(meta, config, directory)
       if objects:
         restore(checkpoint_manager, step, **objects)
-      return meta, [s for s, _ in damaged]
+      return meta, damaged
     except errors.UserError:
       raise
     except Exception as e:  # pylint: disable=broad-except
-      if objects:
-        logging.warning(
-            'The checkpoint of step %d in %s cannot be restored (%s).',
-            step,
-            directory,
-            _cause(e),
-        )
-      damaged.append((step, e))
+      damaged.append((step, _cause(e)))
   if damaged:
     raise errors.UserError(
         f'no checkpoint in {directory} can be restored (the newest, of step '
-        f'{damaged[0][0]}: {_cause(damaged[0][1])}); to start afresh, use a '
-        f'new --workdir or move {directory} away'
+        f'{damaged[0][0]}: {damaged[0][1]}); to start afresh, use a new '
+        f'--workdir or move {directory} away'
     )
   return None, []
 
@@ -162,13 +155,15 @@ def resume(checkpoint_manager, config, model, optimizer, metrics):
   objects = dict(model=model, optimizer=optimizer, train_metrics=metrics)
   meta, damaged = restore_newest(checkpoint_manager, config, **objects)
   directory = checkpoint_manager.directory
-  for step in damaged:
+  for step, cause in damaged:
     moved = workdirs.damaged_checkpoint_dir(str(directory.parent), step)
     epath.Path(moved).parent.mkdir(parents=True, exist_ok=True)
     (directory / str(step)).rename(moved)
     logging.warning(
-        'Moved the checkpoint of step %d, which cannot be restored, to %s.',
+        'The checkpoint of step %d in %s cannot be restored (%s): moved to %s.',
         step,
+        directory,
+        cause,
         moved,
     )
   checkpoint_manager.reload()
