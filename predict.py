@@ -34,6 +34,7 @@ from absl import flags
 import numpy as np
 from PIL import Image
 from PIL import UnidentifiedImageError
+from run import errors
 from serving import classifiers
 from serving import signatures
 
@@ -80,7 +81,7 @@ flags.DEFINE_float('timeout', 10.0, 'Seconds to wait for a server.')
 
 
 def _cause(error: OSError) -> str:
-  return error.strerror or classifiers.one_line(error)
+  return error.strerror or errors.one_line(error)
 
 
 def load_image(path: str, invert: bool = False) -> np.ndarray:
@@ -118,7 +119,7 @@ def load_array(path: str) -> np.ndarray:
   except OSError as e:
     raise InputError(_cause(e)) from None
   except ValueError as e:
-    raise InputError(f'not a .npy array ({classifiers.one_line(e)})') from None
+    raise InputError(f'not a .npy array ({errors.one_line(e)})') from None
   if not isinstance(array, np.ndarray):  # np.load opens .npz archives too.
     array.close()
     raise InputError('an .npz archive, not a .npy array')
@@ -168,15 +169,7 @@ def load_input(path: str, invert=False, as_bytes=False) -> np.ndarray:
   return load_image(path, invert)
 
 
-def classify(
-    paths,
-    classifier,
-    invert=False,
-    as_json=False,
-    out=sys.stdout,
-    err=sys.stderr,
-    as_bytes=False,
-) -> int:
+def classify(paths, classifier, invert=False, as_json=False, as_bytes=False):
   """Prints the digit of every image in `paths`; returns the number of failures.
 
   Each input is sent on its own: a bad one is named, the others classified.
@@ -186,7 +179,7 @@ def classify(
     try:
       outputs = classifier(load_input(path, invert, as_bytes))
     except InputError as e:
-      print(f'error: {path}: {e}', file=err)
+      print(f'error: {path}: {e}', file=sys.stderr)
       failures += 1
       continue
     probabilities, logits = outputs['probabilities'], outputs['logits']
@@ -200,7 +193,7 @@ def classify(
           'logits': logits[i].tolist(),
       }
       line = '{input}: {digit} ({probability:.4f})'.format(**row)
-      print(json.dumps(row) if as_json else line, file=out)
+      print(json.dumps(row) if as_json else line)
   return failures
 
 
@@ -218,7 +211,7 @@ def make_classifier():
     return classifiers.SavedModelClassifier(FLAGS.saved_model, signature)
   except Exception as e:  # pylint: disable=broad-except
     # TensorFlow raises many kinds of error for a SavedModel it cannot load.
-    cause = classifiers.one_line(e)
+    cause = errors.one_line(e)
     raise InputError(f'--saved_model={FLAGS.saved_model}: {cause}') from None
 
 

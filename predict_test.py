@@ -11,6 +11,7 @@ check that the clients send exactly the requests TF Serving documents.
 
 import base64
 import concurrent.futures
+import contextlib
 import http.server
 import io
 import json
@@ -319,7 +320,8 @@ def varied_images(pngs, tmp_path_factory) -> list[str]:
 
 def _classify(paths, classifier, **kwargs) -> tuple[int, list[str], list[str]]:
   out, err = io.StringIO(), io.StringIO()
-  failures = predict.classify(paths, classifier, out=out, err=err, **kwargs)
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    failures = predict.classify(paths, classifier, **kwargs)
   return failures, out.getvalue().splitlines(), err.getvalue().splitlines()
 
 

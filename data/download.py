@@ -12,6 +12,7 @@ import urllib.parse
 import urllib.request
 
 import requests
+from run import errors
 import urllib3
 
 TIMEOUT_SECS = 10  # To connect, and between two reads.
@@ -56,14 +57,6 @@ def _open(url: str):
   return response.raw
 
 
-def _cause(e: BaseException) -> BaseException:
-  """Under requests', urllib3's and urllib's wrappers: a refusal, ..."""
-  inner = e.__cause__ or e.__context__
-  if inner and type(e).__module__.startswith(('requests.', 'urllib')):
-    return _cause(inner)
-  return e
-
-
 def fetch(url_infos: dict, directory: str, mirror: str = '') -> None:
   """Fetches TFDS' `url_infos` (address -> UrlInfo) into `directory`.
 
@@ -95,6 +88,6 @@ def fetch(url_infos: dict, directory: str, mirror: str = '') -> None:
               f'{info.checksum[:12]}...)'
           )
     except (OSError, urllib3.exceptions.HTTPError) as e:
-      cause = _cause(e)
-      cause = ' '.join(str(cause).split()) or type(cause).__name__
+      cause = errors.innermost(e)
+      cause = errors.one_line(cause) or type(cause).__name__
       raise DownloadError(f'cannot download {url} ({cause})') from None

@@ -13,6 +13,7 @@ import ssl
 
 import numpy as np
 import requests
+from run import errors
 from serving.signatures import BYTES_INPUT_NAME, INPUT_NAME, NUM_CLASSES
 
 OUTPUTS = ('probabilities', 'logits')
@@ -20,10 +21,6 @@ OUTPUTS = ('probabilities', 'logits')
 
 class InputError(Exception):
   """An input cannot be classified; the message is the cause, in one line."""
-
-
-def one_line(text) -> str:
-  return ' '.join(str(text).split())
 
 
 # What TensorFlow says when it cannot run the export's XlaCallModule ops, and
@@ -52,7 +49,7 @@ def tensorflow_error(message) -> str:
   stack are), or an assertion's own words (the bytes signature's bound).
   """
   lines = [l for l in str(message).splitlines() if l and not l[0].isspace()]
-  cause = one_line(lines[-1] if lines else message)
+  cause = errors.one_line(lines[-1] if lines else message)
   cause = re.sub(r'^assertion failed: \[(.*)\]$', r'\1', cause)
   for pattern, remedy in CAUSES.items():
     if re.search(pattern, str(message)):
@@ -117,16 +114,8 @@ def _ca_certificates(ca_file: str | None) -> bytes | None:
     with open(ca_file, 'rb') as f:
       return f.read()
   except OSError as e:  # ssl.SSLError too.
-    cause = one_line(e.strerror or e)
+    cause = errors.one_line(e.strerror or e)
     raise InputError(f'--ca_file={ca_file}: {cause}') from None
-
-
-def _cause(e: BaseException) -> BaseException:
-  """Under requests' and urllib3's wrappers: a refusal, a timeout, ..."""
-  inner = e.__cause__ or e.__context__
-  if inner and type(e).__module__.split('.')[0] in ('requests', 'urllib3'):
-    return _cause(inner)
-  return e
 
 
 def _certificate_error(address: str, reason: str) -> InputError:
@@ -179,15 +168,15 @@ class RestClassifier(_Server):
           self.url, json=payload, timeout=self.timeout, verify=self._verify
       )
     except requests.RequestException as e:
-      cause = _cause(e)
+      cause = errors.innermost(e)
       if isinstance(cause, ssl.SSLCertVerificationError):
         raise _certificate_error(self.address, cause.verify_message) from None
-      raise self._error(f'does not answer ({one_line(cause)})') from None
+      raise self._error(f'does not answer ({errors.one_line(cause)})') from None
     if not response.ok:
       try:
         cause = tensorflow_error(response.json()['error'])
       except (ValueError, KeyError, TypeError):
-        cause = one_line(response.reason)
+        cause = errors.one_line(response.reason)
       raise self._error(f'answered {response.status_code}: {cause}')
     try:
       rows = response.json()['predictions']
@@ -238,7 +227,7 @@ class GrpcClassifier(_Server):
         raise _certificate_error(self.address, failed.group(1)) from None
       codes = self._grpc.StatusCode
       if code in (codes.UNAVAILABLE, codes.DEADLINE_EXCEEDED):
-        cause = f'{code.name}: {one_line(details)}'
+        cause = f'{code.name}: {errors.one_line(details)}'
         raise self._error(f'does not answer ({cause})') from None
       cause = tensorflow_error(details)
       raise self._error(f'answered {code.name}: {cause}') from None
