@@ -29,14 +29,6 @@ from run import stop_signals
 from serving import signatures
 
 
-class NonFiniteLoss(Exception):
-  """Global step `step` (counted from 0) had a NaN or infinite loss."""
-
-  def __init__(self, step: int, loss: float):
-    super().__init__(f'loss {loss} at step {step}')
-    self.step, self.loss = step, loss
-
-
 def normalize(images) -> jax.Array:
   """uint8 pixels as float32 in [0, 1]: the Flax example's inputs, exactly."""
   return jnp.asarray(signatures.PIXEL_VALUES)[images]
@@ -165,8 +157,8 @@ def train_epoch(
   the run's at `indices[0]`. After each dispatch of `steps_per_call` steps,
   its losses are checked (a NaN would spread silently), `on_steps(step)`
   reports, and `stop()` says whether to stop (on any process: all stop at
-  the same step). Returns the step reached; raises NonFiniteLoss for the
-  first NaN or infinite loss.
+  the same step). Returns the step reached; raises FloatingPointError(step,
+  loss) for the first NaN or infinite loss, `step` counted from 0.
   """
   model.train()
   graphdef, state = nnx.split((model, optimizer, metrics))
@@ -180,7 +172,8 @@ def train_epoch(
       )
       bad = np.flatnonzero(~np.isfinite(losses))  # Waits for the dispatch.
       if bad.size:
-        raise NonFiniteLoss(step + done + int(bad[0]), float(losses[bad[0]]))
+        at = int(bad[0])
+        raise FloatingPointError(step + done + at, float(losses[at]))
       done += len(chunk)
       if on_steps:
         on_steps(step + done)
@@ -224,18 +217,19 @@ def format_epoch(epoch: int, summary: dict[str, float]) -> str:
 
 @contextlib.contextmanager
 def _nan_as_error(config, checkpoint_manager, steps_per_epoch: int):
-  """A NonFiniteLoss as a UserError for the user; the last checkpoint is kept."""
+  """A non-finite loss as a UserError; the last checkpoint is kept."""
   try:
     yield
-  except NonFiniteLoss as e:
+  except FloatingPointError as e:
+    step, loss = e.args
     latest = checkpoint_manager.latest_step()
     kept = 'no checkpoint was saved before it'
     if latest is not None:
       at = progress.position(latest, steps_per_epoch)
       kept = f'the last good checkpoint ({at}) is kept'
     raise errors.UserError(
-        f'loss became {e.loss} at step {e.step + 1} (epoch '
-        f'{e.step // steps_per_epoch + 1}); {kept}; try a lower learning '
+        f'loss became {loss} at step {step + 1} (epoch '
+        f'{step // steps_per_epoch + 1}); {kept}; try a lower learning '
         f'rate, e.g. --config.learning_rate={config.learning_rate / 10:g}'
     ) from None
 
@@ -306,16 +300,11 @@ def train_and_evaluate(
       scalars = dict(
           summary, train_images_per_sec=epoch_progress.images_per_sec
       )
+      if callable(rate):  # A constant one is a hyperparameter.
+        scalars['learning_rate'] = float(rate(step - 1))
       with progress.timed('summaries'):
         summaries.write_epoch(
-            writer,
-            epoch,
-            scalars,
-            test_data,
-            predicted,
-            learning_rate=rate,
-            steps_done=step,
-            last=last,
+            writer, epoch, scalars, test_data, predicted, last=last
         )
       stopped = parallel.any_process(stop()) and not last
     if stopped or last or epoch % config.checkpoint_every_epochs == 0:

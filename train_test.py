@@ -150,8 +150,14 @@ def test_runs_with_the_same_config_give_the_same_metrics(
   first = train.train_and_evaluate(small_config(), str(tmp_path / 'a'))
   second = train.train_and_evaluate(small_config(), str(tmp_path / 'b'))
   assert first == second
-  third = train.train_and_evaluate(small_config(seed=1), str(tmp_path / 'c'))
-  assert third != first
+  third = small_config(seed=1, lr_schedule='one_cycle')
+  assert train.train_and_evaluate(third, str(tmp_path / 'c')) != first
+  # The rate of the epoch's last step (15 of 16), only where it is scheduled.
+  assert 'learning_rate' not in plot.read_scalars(str(tmp_path / 'a'))
+  schedule = train.learning_rate(third, 16)
+  assert plot.read_scalars(str(tmp_path / 'c'))['learning_rate'] == {
+      1: pytest.approx(float(schedule(15)))
+  }
 
 
 def test_checkpoints_every_few_epochs_and_a_finished_run_only_exports(

@@ -142,18 +142,13 @@ def confusion_matrix_image(matrix: np.ndarray, title: str = '') -> np.ndarray:
   return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
-def write_epoch(
-    writer, epoch, scalars, test, predicted, *, learning_rate, steps_done, last
-) -> None:
+def write_epoch(writer, epoch, scalars, test, predicted, *, last) -> None:
   """All of an epoch's summaries, flushed, before the epoch's checkpoint."""
   writer.write_scalars(epoch, scalars)
   grid = misclassified_grid(
       test['image'], test['label'], predicted, title=f'epoch {epoch}: '
   )
   writer.write_images(epoch, {'misclassified': grid[None]})
-  if callable(learning_rate):  # A constant one is a hyperparameter.
-    rate = float(learning_rate(steps_done - 1))
-    writer.write_scalars(epoch, {'learning_rate': rate})
   if last:
     matrix = confusion_matrix(test['label'], predicted)
     image = confusion_matrix_image(matrix, f'test set after epoch {epoch}')
