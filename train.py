@@ -2,13 +2,12 @@
 
 Library file which executes the training and evaluation loop for MNIST.
 The steps are the example's, run many to a dispatch in a jitted `lax.scan`
-over the split NNX state, as Flax's performance guide does it. They need
-JAX, Flax and optax alone: the run's plumbing, which needs TFDS, TensorFlow,
-clu and orbax, is imported by the functions that run it.
+over the split NNX state, as Flax's performance guide does it.
 """
 
 import contextlib
 import functools
+import os
 
 from absl import logging
 from cpu import layers as cpu_layers
@@ -44,10 +43,7 @@ def loss_fn(model: CNN, batch, rngs=None):
 
 
 def train_step(model: CNN, optimizer, metrics, batch) -> jax.Array:
-  """Train for a single step; returns the batch's mean loss.
-
-  Dropout draws from the model's own streams, which its checkpoints hold.
-  """
+  """Train for a single step; returns the batch's mean loss."""
   grad_fn = nnx.value_and_grad(loss_fn, has_aux=True)
   (loss, (losses, logits)), grads = grad_fn(model, batch)
   metrics.update(loss=losses, logits=logits, labels=batch['label'])
@@ -100,19 +96,13 @@ def eval_steps(graphdef, state, batches):
 
 
 def create_model(config: ml_collections.ConfigDict, layers=nnx) -> CNN:
-  """The CNN, its parameters and dropout streams from `config.seed`.
-
-  `layers`: `flax.nnx`, or a platform's faster ones (`cpu_layers.for_config`).
-  """
+  """The CNN, its parameters and dropout streams from `config.seed`."""
   rngs = nnx.Rngs(config.seed)
   return CNN(rngs, dropout_rate=config.dropout_rate, layers=layers)
 
 
 def learning_rate(config: ml_collections.ConfigDict, steps_per_epoch: int):
-  """`config.learning_rate`, constant (the example's) or in one cycle.
-
-  One cycle (optax's: warm-up, then cosine decay) takes fewer epochs.
-  """
+  """`config.learning_rate`, constant (the example's) or optax's one cycle."""
   if config.lr_schedule == 'one_cycle':
     return optax.cosine_onecycle_schedule(
         config.num_epochs * steps_per_epoch, config.learning_rate
@@ -334,16 +324,14 @@ def export(model: CNN, config, workdir: str) -> str:
 
   Those compute in float32 on every platform the SavedModel runs on.
   """
-  # Here: TensorFlow and filelock, which the steps do not need.
-  # pylint: disable=g-import-not-at-top
-  from run import workdirs
-  from serving import export as saved_model
+  # Here: TensorFlow, which the steps do not need.
+  from serving import export as saved_model  # pylint: disable=g-import-not-at-top
 
   flax_model = create_model(config)
   nnx.update(flax_model, parallel.local_copy(nnx.state(model)))
   with progress.timed('export'):
     path = saved_model.export_saved_model(
-        flax_model, workdirs.export_dir(workdir, config.export_model_name)
+        flax_model, os.path.join(workdir, 'export', config.export_model_name)
     )
   logging.info('Exported the SavedModel to %s', path)
   return path

@@ -3,22 +3,21 @@
 A checkpoint is the state of the model (its dropout streams included), the
 optimizer and the training metrics (`train_metrics`: orbax reserves
 'metrics'), and a JSON item: step, epoch, config, the last epoch's summary.
-The data order is a function of the seed and the
-epoch. Orbax renames a checkpoint into place when it is whole, so a killed
-run's is never listed.
+The data order is a function of the seed and the epoch. Orbax renames a
+checkpoint into place when it is whole, so a killed run's is never listed.
 """
 
 import json
+import os
 import re
+import time
 
 from absl import logging
-from etils import epath
 from flax import nnx
 import orbax.checkpoint as ocp
 from run import config_checks
 from run import errors
 from run import progress
-from run import workdirs
 
 
 def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
@@ -30,7 +29,7 @@ def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
       max_to_keep=keep, create=False, enable_async_checkpointing=False
   )
   return ocp.CheckpointManager(
-      workdirs.checkpoints_dir(workdir), options=options
+      os.path.join(workdir, 'checkpoints'), options=options
   )
 
 
@@ -156,8 +155,9 @@ def resume(checkpoint_manager, config, model, optimizer, metrics):
   meta, damaged = restore_newest(checkpoint_manager, config, **objects)
   directory = checkpoint_manager.directory
   for step, cause in damaged:
-    moved = workdirs.damaged_checkpoint_dir(str(directory.parent), step)
-    epath.Path(moved).parent.mkdir(parents=True, exist_ok=True)
+    now = time.strftime('%Y%m%d-%H%M%S')  # A step damaged again goes beside.
+    moved = directory.parent / 'damaged_checkpoints' / f'{step}-{now}'
+    moved.parent.mkdir(parents=True, exist_ok=True)
     (directory / str(step)).rename(moved)
     logging.warning(
         'The checkpoint of step %d in %s cannot be restored (%s): moved to %s.',

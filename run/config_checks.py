@@ -2,8 +2,7 @@
 
 `validate` checks every field before any work, so a mistyped value costs
 nothing. A check takes the value and the number of devices, and returns
-None, or what the field allows. A field added to the config without
-a check here is a programming error (KeyError).
+None, or what the field allows.
 """
 
 import math

@@ -35,8 +35,7 @@ def early_flags(argv) -> flags.FlagValues:
 def quiet(argv, tensorflow_log_level: int = 1) -> None:
   """TensorFlow's oneDNN and C++ log lines off, gRPC's but errors, unless -v 1.
 
-  What the user set stays. Level 1 hides TensorFlow's INFO lines, 2 its
-  warnings too.
+  Level 1 hides TensorFlow's INFO lines, 2 its warnings too.
   """
   if early_flags(argv).verbosity < 1:
     os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')

@@ -9,27 +9,11 @@
 
 import contextlib
 import os
-import time
 
 import filelock
 from run import errors
 
 LOCK_FILE = 'run.lock'
-
-
-def checkpoints_dir(workdir: str) -> str:
-  return os.path.join(workdir, 'checkpoints')
-
-
-def damaged_checkpoint_dir(workdir: str, step: int) -> str:
-  """Where the checkpoint of `step` that cannot be restored goes, by the time."""
-  now = time.strftime('%Y%m%d-%H%M%S')
-  return os.path.join(workdir, 'damaged_checkpoints', f'{step}-{now}')
-
-
-def export_dir(workdir: str, model_name: str) -> str:
-  """The model directory that TF Serving watches: its versions go under it."""
-  return os.path.join(workdir, 'export', model_name)
 
 
 @contextlib.contextmanager
