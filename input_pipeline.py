@@ -95,11 +95,6 @@ def download_files(builder, config) -> str:
   return directory
 
 
-def num_examples(builder, split: str) -> int:
-  """Examples in `split` (slices like 'train[:10%]' included)."""
-  return builder.info.splits[split].num_examples
-
-
 def from_tfds(config, split: str) -> sources.Arrays:
   """`split` (any TFDS split or slice) from TFDS, prepared offline if need be.
 
@@ -112,7 +107,7 @@ def from_tfds(config, split: str) -> sources.Arrays:
   cache = f'{builder.data_dir}/arrays/{name}-{zlib.crc32(key.encode()):08x}.npz'
   if os.path.isfile(cache):
     with np.load(cache) as saved:
-      if len(saved['label']) == num_examples(builder, split):
+      if len(saved['label']) == builder.info.splits[split].num_examples:
         return {'image': saved['image'], 'label': saved['label']}
   dataset = builder.as_dataset(split=split, batch_size=10_000)
   batches = list(tfds.as_numpy(dataset))

@@ -73,8 +73,8 @@ def test_prepares_offline_from_the_manual_dir(mnist_data_dir):
   config = _config(data_dir=mnist_data_dir)
   builder = input_pipeline.get_builder(config)
   assert builder.is_prepared()
-  assert input_pipeline.num_examples(builder, 'train') == 60_000
-  assert input_pipeline.num_examples(builder, 'test') == 10_000
+  assert builder.info.splits['train'].num_examples == 60_000
+  assert builder.info.splits['test'].num_examples == 10_000
 
 
 def _tfds_copy(mnist_data_dir, tmp_path) -> str:

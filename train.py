@@ -68,9 +68,8 @@ def train_steps(graphdef, mesh, state, batches):
   """`train_step` on each of `batches` (`(steps, batch, ...)`), in a `lax.scan`.
 
   A jitted pure function of the split state costs no per-step Python
-  (`nnx.jit` traverses the object graph on every call). The state stays
-  replicated over `mesh`: XLA all-reduces the gradients. Returns the new
-  state and the steps' losses.
+  (`nnx.jit` traverses the object graph on every call); the state stays
+  replicated over `mesh`. Returns the new state and the steps' losses.
   """
   replicated = NamedSharding(mesh, PartitionSpec())
 
@@ -112,11 +111,8 @@ def learning_rate(config: ml_collections.ConfigDict, steps_per_epoch: int):
 
 def create_optimizer(model, config, steps_per_epoch: int) -> nnx.Optimizer:
   """SGD with momentum over the model's parameters (not BatchNorm statistics)."""
-  tx = optax.sgd(
-      learning_rate(config, steps_per_epoch),
-      config.momentum,
-      nesterov=config.nesterov,
-  )
+  rate = learning_rate(config, steps_per_epoch)
+  tx = optax.sgd(rate, config.momentum, nesterov=config.nesterov)
   return nnx.Optimizer(model, tx, wrt=nnx.Param)
 
 

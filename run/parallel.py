@@ -46,7 +46,6 @@ def global_batches(mesh: jax.sharding.Mesh, batches, whole: bool = False):
   whole batches (on every process), of which each process takes its share.
   """
   sharding = NamedSharding(mesh, P(None, AXIS))
-  # Whole: JAX takes each process's part; else it infers the global shape.
   make = lambda x: jax.make_array_from_process_local_data(
       sharding, x, x.shape if whole else None
   )

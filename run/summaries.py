@@ -82,17 +82,11 @@ def create_writer(workdir: str, config, params) -> NewStepsWriter:
   if not last:  # A fresh run.
     writer.write_hparams(config.to_dict())
   writer = NewStepsWriter(writer, last)
-  write_run_info(writer, config, params)
-  return writer
-
-
-def write_run_info(writer, config, params) -> None:
-  """The config and the parameter count, as text (markdown in TensorBoard)."""
+  # The config and the parameter count, as text (markdown in TensorBoard).
   count = sum(x.size for x in jax.tree.leaves(params))
-  config = '```\n' + str(config) + '```'
-  writer.write_texts(
-      0, {'config': config, 'num_params': f'{count:,} parameters'}
-  )
+  texts = {'config': f'```\n{config}```', 'num_params': f'{count:,} parameters'}
+  writer.write_texts(0, texts)
+  return writer
 
 
 def misclassified_grid(

@@ -1,6 +1,5 @@
 """Tests of the summary images and texts, written and read back."""
 
-from clu import metric_writers
 import ml_collections
 import numpy as np
 from run import summaries
@@ -39,11 +38,9 @@ def test_confusion_matrix_counts_true_by_predicted():
 
 def test_summaries_are_written_and_read_back(tmp_path):
   workdir = str(tmp_path)
-  writer = metric_writers.create_default_writer(workdir)
   config = ml_collections.ConfigDict({'learning_rate': 0.1, 'seed': 3})
-  summaries.write_run_info(
-      writer, config, {'w': np.zeros((3, 4)), 'b': np.zeros(4)}
-  )
+  params = {'w': np.zeros((3, 4)), 'b': np.zeros(4)}
+  writer = summaries.create_writer(workdir, config, params)
   labels = np.arange(10)
   predicted = (labels + 1) % 10
   test = {'image': _digits(10), 'label': labels}

@@ -94,8 +94,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   writer = metric_writers.create_default_writer(workdir)
   model = train.create_model(config)
   steps_per_epoch = (
-      input_pipeline.num_examples(builder, config.train_split)
-      // config.batch_size
+      builder.info.splits[config.train_split].num_examples // config.batch_size
   )
   optimizer = train.create_optimizer(model, config, steps_per_epoch)
   metrics = train.create_metrics()
