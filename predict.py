@@ -170,10 +170,7 @@ def load_input(path: str, invert=False, as_bytes=False) -> np.ndarray:
 
 
 def classify(paths, classifier, invert=False, as_json=False, as_bytes=False):
-  """Prints the digit of every image in `paths`; returns the number of failures.
-
-  Each input is sent on its own: a bad one is named, the others classified.
-  """
+  """Prints each image's digit, each sent alone; returns how many failed."""
   failures = 0
   for path in paths:
     try:

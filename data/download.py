@@ -74,17 +74,16 @@ def fetch(url_infos: dict, directory: str, mirror: str = '') -> None:
       continue
     try:
       with _open(url) as source, whole_file(path) as f:
+        size = int(info.size)
         # At most one byte more than the file: a server cannot fill the disk.
-        data = source.read(int(info.size) + 1)
+        data = source.read(size + 1)
         f.write(data)
         f.flush()
         if not _is_whole(f.name, info):
-          sent = (
-              len(data) if len(data) <= info.size else f'over {int(info.size)}'
-          )
+          sent = len(data) if len(data) <= size else f'over {size}'
           raise DownloadError(
               f'{url} sent {sent} bytes that are not the file TFDS '
-              f'registers ({int(info.size)} bytes, SHA-256 '
+              f'registers ({size} bytes, SHA-256 '
               f'{info.checksum[:12]}...)'
           )
     except (OSError, urllib3.exceptions.HTTPError) as e:

@@ -62,8 +62,7 @@ def save(
 def restore(checkpoint_manager, step: int, **objects) -> dict:
   """The JSON item of checkpoint `step`; its state put into `objects`, if any."""
   items = {
-      name: ocp.args.StandardRestore(nnx.state(obj))
-      for name, obj in objects.items()
+      k: ocp.args.StandardRestore(nnx.state(v)) for k, v in objects.items()
   }
   items['meta'] = ocp.args.JsonRestore()
   restored = checkpoint_manager.restore(step, args=ocp.args.Composite(**items))
@@ -147,9 +146,8 @@ def restore_newest(checkpoint_manager, config, **objects):
 def resume(checkpoint_manager, config, model, optimizer, metrics):
   """The global step and summary to go on from; restores the objects.
 
-  A fresh run goes on from step 0. Checkpoints newer than the one restored
-  cannot be: they are moved to `<workdir>/damaged_checkpoints/`, out of the
-  way of the steps the run saves again.
+  Checkpoints newer than the one restored are moved to
+  `<workdir>/damaged_checkpoints/`, out of the way of the steps saved again.
   """
   objects = dict(model=model, optimizer=optimizer, train_metrics=metrics)
   meta, damaged = restore_newest(checkpoint_manager, config, **objects)

@@ -113,10 +113,7 @@ RESUMABLE = frozenset(
 
 
 def validate(config: ml_collections.ConfigDict, devices: int = 1) -> None:
-  """Raises errors.UserError naming the first field whose value is not allowed.
-
-  `devices` is the number of devices that share each batch.
-  """
+  """Raises errors.UserError naming the first field with a value not allowed."""
   unchecked = set(config.keys()) - set(CHECKS)
   if unchecked:
     raise KeyError(f'no check for config fields {sorted(unchecked)}')

@@ -9,7 +9,6 @@ mnist_benchmark.py.
 
 import contextlib
 import functools
-import sys
 import time
 
 import jax
@@ -54,13 +53,12 @@ class EpochProgress:
         writer=writer,
         every_secs=config.progress_every_secs,
     )
-    stream = stream or sys.stderr
     self._new_bar = functools.partial(
         tqdm.tqdm,
         total=steps_per_epoch,
         unit='step',
-        file=stream,
-        disable=not stream.isatty(),
+        file=stream,  # None: stderr.
+        disable=None,  # Off a terminal.
         dynamic_ncols=True,
     )
     self._config, self._writer = config, writer

@@ -46,9 +46,8 @@ class StopSignals:
     for signum in (signal.SIGTERM, signal.SIGINT):
       signal.signal(signum, self._interrupt)
 
-  def _interrupt(self, signum, frame) -> None:
+  def _interrupt(self, signum, unused_frame) -> None:
     """Python's handler, in the main thread: before training, ends it there."""
-    del frame
     if not self._training:  # Else `_watch` has it.
       self._tell(signal.Signals(signum))
       raise SystemExit(128 + signum)

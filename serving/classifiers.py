@@ -7,6 +7,7 @@ classifier that needs TensorFlow or gRPC imports them: REST needs neither.
 """
 
 import base64
+import glob
 import os
 import re
 import ssl
@@ -61,12 +62,9 @@ def find_saved_model(directory: str) -> str:
   """`directory` if it holds a SavedModel, else its highest integer version."""
   if os.path.isfile(os.path.join(directory, 'saved_model.pb')):
     return directory
-  versions = [
-      int(d)
-      for d in (os.listdir(directory) if os.path.isdir(directory) else [])
-      if d.isdigit()
-      and os.path.isfile(os.path.join(directory, d, 'saved_model.pb'))
-  ]
+  pattern = os.path.join(glob.escape(directory), '*', 'saved_model.pb')
+  names = [os.path.basename(os.path.dirname(p)) for p in glob.glob(pattern)]
+  versions = [int(name) for name in names if name.isdigit()]
   if not versions:
     raise InputError(
         'no saved_model.pb in it nor in an integer version directory under it'
@@ -151,7 +149,6 @@ class RestClassifier(_Server):
 
   def __init__(self, address, model_name, signature, timeout, ca_file=None):
     super().__init__(address, model_name, signature, timeout)
-    # `http://` is the scheme if the address names none.
     url = address.rstrip('/') if '://' in address else f'http://{address}'
     self.url = f'{url}/v1/models/{model_name}:predict'
     _ca_certificates(ca_file)  # A bad file's line now, not at each call.
