@@ -207,6 +207,8 @@ def _nan_as_error(config, checkpoint_manager, steps_per_epoch: int):
   try:
     yield
   except FloatingPointError as e:
+    if len(e.args) != 2:  # Not train_epoch's: JAX's debug_nans, say.
+      raise
     step, loss = e.args
     latest = checkpoint_manager.latest_step()
     kept = 'no checkpoint was saved before it'

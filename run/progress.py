@@ -2,9 +2,7 @@
 
 clu's `ReportProgress` logs steps/s, percentage and ETA: what CI and log
 files get. On a terminal, tqdm's bar shows the epoch too, cleared while
-ReportProgress logs, so that log lines do not land inside it. `timed`
-records a phase's seconds as JAX records its compilations, for
-mnist_benchmark.py.
+ReportProgress logs, so that log lines do not land inside it.
 """
 
 import contextlib
@@ -26,7 +24,7 @@ def position(step: int, steps_per_epoch: int) -> str:
 
 @contextlib.contextmanager
 def timed(phase: str):
-  """Records the seconds of the block as the monitoring event EVENT + phase."""
+  """Records the block's seconds as event EVENT + phase, beside JAX's own."""
   start = time.perf_counter()
   try:
     yield
