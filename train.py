@@ -28,6 +28,14 @@ from run import stop_signals
 from serving import signatures
 
 
+class NonFiniteLoss(FloatingPointError):
+  """The loss of global step `step` (counted from 0) was NaN or infinite."""
+
+  def __init__(self, step: int, loss: float):
+    super().__init__(f'loss {loss} at step {step}')
+    self.step, self.loss = step, loss
+
+
 def normalize(images) -> jax.Array:
   """uint8 pixels as float32 in [0, 1]: the Flax example's inputs, exactly."""
   return jnp.asarray(signatures.PIXEL_VALUES)[images]
@@ -143,8 +151,8 @@ def train_epoch(
   the run's at `indices[0]`. After each dispatch of `steps_per_call` steps,
   its losses are checked (a NaN would spread silently), `on_steps(step)`
   reports, and `stop()` says whether to stop (on any process: all stop at
-  the same step). Returns the step reached; raises FloatingPointError(step,
-  loss) for the first NaN or infinite loss, `step` counted from 0.
+  the same step). Returns the step reached; raises NonFiniteLoss for the
+  first NaN or infinite loss.
   """
   model.train()
   graphdef, state = nnx.split((model, optimizer, metrics))
@@ -158,8 +166,7 @@ def train_epoch(
       )
       bad = np.flatnonzero(~np.isfinite(losses))  # Waits for the dispatch.
       if bad.size:
-        at = int(bad[0])
-        raise FloatingPointError(step + done + at, float(losses[at]))
+        raise NonFiniteLoss(step + done + int(bad[0]), float(losses[bad[0]]))
       done += len(chunk)
       if on_steps:
         on_steps(step + done)
@@ -206,18 +213,15 @@ def _nan_as_error(config, checkpoint_manager, steps_per_epoch: int):
   """A non-finite loss as a UserError; the last checkpoint is kept."""
   try:
     yield
-  except FloatingPointError as e:
-    if len(e.args) != 2:  # Not train_epoch's: JAX's debug_nans, say.
-      raise
-    step, loss = e.args
+  except NonFiniteLoss as e:
     latest = checkpoint_manager.latest_step()
     kept = 'no checkpoint was saved before it'
     if latest is not None:
       at = progress.position(latest, steps_per_epoch)
       kept = f'the last good checkpoint ({at}) is kept'
     raise errors.UserError(
-        f'loss became {loss} at step {step + 1} (epoch '
-        f'{step // steps_per_epoch + 1}); {kept}; try a lower learning '
+        f'loss became {e.loss} at step {e.step + 1} (epoch '
+        f'{e.step // steps_per_epoch + 1}); {kept}; try a lower learning '
         f'rate, e.g. --config.learning_rate={config.learning_rate / 10:g}'
     ) from None
 
