@@ -571,21 +571,42 @@ def _read_until(process, reached) -> list[str]:
   return lines
 
 
-def _in_epoch_2(line: str) -> bool:
-  """A progress line of `resume_config` in the middle of epoch 2."""
-  progress = re.search(r'\((\d+)/192\)', line)
-  return bool(progress) and 64 < int(progress.group(1)) < 128
+def _in_epoch(epoch: int):
+  """Whether a progress line of `resume_config` is in the middle of `epoch`."""
+
+  def reached(line: str) -> bool:
+    progress = re.search(r'\((\d+)/192\)', line)
+    return (
+        bool(progress)
+        and 64 * (epoch - 1) < int(progress.group(1)) < 64 * epoch
+    )
+
+  return reached
+
+
+_in_epoch_2 = _in_epoch(2)
 
 
 def _epoch_1_saved(line: str) -> bool:
   return 'Saved a checkpoint (step 64, end of epoch 1)' in line
 
 
-def _run_until_mid_epoch_2(workdir, config, sig) -> tuple[int, str]:
-  """Starts a run, sends `sig` during epoch 2; its exit status and stderr."""
+def _resuming_from(step: int):
+  return lambda line: f'Resuming from the checkpoint (step {step}, ' in line
+
+
+def _run_until(workdir, config, reached, *signals) -> tuple[int, str]:
+  """Starts a run, sends `signals` once a line `reached`; exit status, stderr.
+
+  Signals after the first follow 50 ms apart: two presses, not one signal
+  delivered once.
+  """
   process = _start(workdir, config)
-  lines = _read_until(process, _in_epoch_2)
-  process.send_signal(sig)
+  lines = _read_until(process, reached)
+  for i, sig in enumerate(signals):
+    if i:
+      time.sleep(0.05)
+    process.send_signal(sig)
   lines.extend(process.stderr)
   return process.wait(timeout=300), ''.join(lines)
 
@@ -616,51 +637,89 @@ def _assert_resumes_to(workdir, config, expected) -> None:
   }
 
 
-def test_sigkill_in_the_middle_of_an_epoch_loses_only_that_epoch(
-    resume_config, uninterrupted, tmp_path
-):
-  config, workdir = resume_config, str(tmp_path / 'workdir')
-  status, _ = _run_until_mid_epoch_2(workdir, config, signal.SIGKILL)
-  assert status == -signal.SIGKILL
-  assert checkpoints.manager(workdir).all_steps() == [64]  # End of epoch 1.
-  _assert_resumes_to(workdir, config, uninterrupted)
-
-
-@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT])
-def test_sigterm_or_ctrl_c_saves_where_it_is_and_exits_cleanly(
-    resume_config, uninterrupted, tmp_path, sig
-):
-  """SIGTERM exits 143, as a preempted job; Ctrl-C (SIGINT) 130."""
-  config, workdir = resume_config, str(tmp_path / 'workdir')
-  status, stderr = _run_until_mid_epoch_2(workdir, config, sig)
+def _assert_stopped(status: int, stderr: str, sig, workdir, epoch: int) -> int:
+  """A clean stop by `sig` in `epoch`, with a checkpoint: its step."""
   assert status == 128 + sig, stderr[-3000:]
   assert 'Traceback' not in stderr
-  (step,) = [s for s in checkpoints.manager(workdir).all_steps() if s > 64]
-  assert 64 < step < 128 and step % 8 == 0  # In epoch 2, between dispatches.
+  checkpoints_dir = os.path.join(workdir, 'checkpoints')
+  (step,) = [
+      s
+      for s in checkpoints.manager(workdir).all_steps()
+      if s > 64 * (epoch - 1)
+  ]
+  # In the epoch, between dispatches.
+  assert 64 * (epoch - 1) < step < 64 * epoch and step % 8 == 0
   assert (
       stderr.strip()
       .splitlines()[-1]
       .endswith(
-          f'{sig.name}: stopped (step {step}, in epoch 2) with a checkpoint in '
-          f'{os.path.join(workdir, "checkpoints")}: rerun the same command to resume'
+          f'{sig.name}: stopped (step {step}, in epoch {epoch}) with a '
+          f'checkpoint in {checkpoints_dir}: rerun the same command to resume'
       )
   )
-  _assert_resumes_to(workdir, config, uninterrupted)
+  return step
 
 
-def test_a_second_ctrl_c_exits_at_once(resume_config, tmp_path):
-  workdir = str(tmp_path / 'workdir')
-  process = _start(workdir, resume_config)
-  _read_until(process, _in_epoch_2)
-  process.send_signal(signal.SIGINT)
-  time.sleep(0.05)  # Two presses, not one signal delivered once.
-  process.send_signal(signal.SIGINT)
-  stderr = process.stderr.read()
-  assert process.wait(timeout=300) == 128 + signal.SIGINT
+def test_a_run_stopped_every_way_resumes_to_the_uninterrupted_metrics(
+    run_main, resume_config, uninterrupted, tmp_path
+):
+  """One workdir, its runs stopped one after another, each another way.
+
+  SIGKILL in the middle of an epoch loses only that epoch, and a second run
+  on the workdir in use refuses; a second Ctrl-C exits at once, without a
+  checkpoint; SIGTERM (exit 143, as a preempted job) and Ctrl-C (SIGINT,
+  130) save where they are and exit cleanly. Each rerun resumes; the last
+  ends with the metrics of an uninterrupted run. (One chain of runs, for the
+  time each process takes to start.)
+  """
+  config, workdir = resume_config, str(tmp_path / 'workdir')
+  lock = os.path.join(workdir, workdirs.LOCK_FILE)
+
+  def refused_then_killed(process):
+    """A second run refuses while `process` holds the workdir; then SIGKILL."""
+    process.send_signal(signal.SIGSTOP)  # Still in epoch 2 while we check.
+    status = run_main(f'--workdir={workdir}', *_flags(config))
+    _assert_one_line_error(
+        status,
+        re.escape(
+            f'error: the workdir {workdir} is in use by another run (The file '
+            f"lock '{lock}' could not be acquired.): wait for it to end, or "
+            'use another --workdir'
+        ),
+    )
+    process.send_signal(signal.SIGKILL)
+
+  process = _start(workdir, config)
+  try:
+    _read_until(process, _in_epoch_2)
+    refused_then_killed(process)
+  finally:
+    process.kill()
+    process.stderr.read()
+  assert process.wait(timeout=300) == -signal.SIGKILL
+  assert checkpoints.manager(workdir).all_steps() == [64]  # End of epoch 1.
+  # The system released the killed run's lock: the next run takes it.
+  with workdirs.exclusive(workdir):
+    pass
+
+  # Ctrl-C twice in epoch 2, resumed from epoch 1's end: out at once.
+  status, stderr = _run_until(
+      workdir, config, _in_epoch_2, signal.SIGINT, signal.SIGINT
+  )
+  assert status == 128 + signal.SIGINT, stderr[-3000:]
+  assert 'Resuming from the checkpoint (step 64, end of epoch 1)' in stderr
   assert 'SIGINT again: exiting now, without a checkpoint.' in stderr
   assert 'stopped (step' not in stderr
   # What was written before is kept: the checkpoint of epoch 1.
   assert checkpoints.manager(workdir).all_steps() == [64]
+
+  # SIGTERM in epoch 2, then Ctrl-C in epoch 3: each saves where it is.
+  status, stderr = _run_until(workdir, config, _in_epoch_2, signal.SIGTERM)
+  step = _assert_stopped(status, stderr, signal.SIGTERM, workdir, 2)
+  status, stderr = _run_until(workdir, config, _in_epoch(3), signal.SIGINT)
+  assert f'Resuming from the checkpoint (step {step}, in epoch 2)' in stderr
+  _assert_stopped(status, stderr, signal.SIGINT, workdir, 3)
+  _assert_resumes_to(workdir, config, uninterrupted)
 
 
 def test_a_stop_during_data_preparation_is_prompt(mnist_files, tmp_path):
@@ -706,34 +765,6 @@ def test_a_stop_during_data_preparation_is_prompt(mnist_files, tmp_path):
   assert all(name.startswith('incomplete.') for name in left), left
   assert set(os.listdir(workdir)) <= {workdirs.LOCK_FILE}
   with workdirs.exclusive(str(workdir)):
-    pass
-
-
-# One run per workdir.
-
-
-def test_a_second_run_on_a_workdir_in_use_refuses(
-    run_main, resume_config, tmp_path
-):
-  config, workdir = resume_config, str(tmp_path / 'workdir')
-  first = _start(workdir, config)
-  try:
-    _read_until(first, _epoch_1_saved)
-    lock = os.path.join(workdir, workdirs.LOCK_FILE)
-    status = run_main(f'--workdir={workdir}', *_flags(config))
-    _assert_one_line_error(
-        status,
-        re.escape(
-            f'error: the workdir {workdir} is in use by another run (The file '
-            f"lock '{lock}' could not be acquired.): wait for it to end, or "
-            'use another --workdir'
-        ),
-    )
-  finally:
-    first.kill()
-    first.wait()
-  # The system released the killed run's lock: the next run takes it.
-  with workdirs.exclusive(workdir):
     pass
 
 
@@ -836,65 +867,50 @@ def test_no_checkpoint_that_restores_is_one_line(
 # A write that fails mid-run.
 
 
-@pytest.mark.parametrize('what', ['checkpoint', 'summaries'])
-def test_a_write_that_fails_mid_run(
-    resume_config, uninterrupted, tmp_path, what
-):
-  """A full disk, which root meets too: a file size limit set from outside.
+def _write_fails(process, after, limit: int) -> list[str]:
+  """The stderr of `process` once a line `after`, with files cut at `limit`.
 
-  Checkpoints hold files of about 3 MB, the event file grows past 100 kB in
-  epoch 1: a limit of 1 MB stops the checkpoint of epoch 2, one of 1 kB its
-  summaries, written before it.
+  Asserts that it exits 1, without a traceback.
   """
-  config, workdir = resume_config, str(tmp_path / 'workdir')
-  process = _start(workdir, config)
-  _read_until(process, _epoch_1_saved)
-  limit = {'checkpoint': 1 << 20, 'summaries': 1 << 10}[what]
+  _read_until(process, after)
   resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (limit, limit))
   stderr = process.stderr.read()
   assert process.wait(timeout=300) == 1, stderr[-3000:]
   assert 'Traceback' not in stderr
-  directory = os.path.join(workdir, 'checkpoints')
-  (events,) = glob.glob(os.path.join(workdir, 'events.out.tfevents.*'))
   # TensorFlow's C++ threads may still log after the line: find it.
-  errors = [l for l in stderr.splitlines() if l.startswith('error: ')]
+  return [l for l in stderr.splitlines() if l.startswith('error: ')]
+
+
+def test_writes_that_fail_mid_run_keep_the_last_checkpoint(
+    resume_config, uninterrupted, tmp_path
+):
+  """A full disk, which root meets too: a file size limit set from outside.
+
+  Checkpoints hold files of about 3 MB, the event file grows past 100 kB in
+  epoch 1: a limit of 1 kB set after epoch 1 stops its summaries of epoch 2;
+  on the rerun, one of 1 MB stops the checkpoint of epoch 2, written after
+  its summaries. The last rerun resumes to the uninterrupted run's metrics.
+  (One chain of runs, for the time each process takes to start.)
+  """
+  config, workdir = resume_config, str(tmp_path / 'workdir')
+  directory = os.path.join(workdir, 'checkpoints')
+  errors = _write_fails(_start(workdir, config), _epoch_1_saved, 1 << 10)
+  (events,) = glob.glob(os.path.join(workdir, 'events.out.tfevents.*'))
   assert errors == [
-      {
-          'checkpoint': (
-              f'error: cannot write the checkpoint (step 128, end of epoch 2) in '
-              f'{directory} (File too large); the checkpoint of step 64 is kept: '
-              'free space or make it writable, then rerun the same command to '
-              'resume'
-          ),
-          'summaries': (
-              f'error: cannot write the summaries ({events}; File too large): '
-              'free space or make the workdir writable, then rerun the same '
-              'command to resume'
-          ),
-      }[what]
+      f'error: cannot write the summaries ({events}; File too large): '
+      'free space or make the workdir writable, then rerun the same '
+      'command to resume'
+  ]
+  assert checkpoints.manager(workdir).all_steps() == [64]
+  errors = _write_fails(_start(workdir, config), _resuming_from(64), 1 << 20)
+  assert errors == [
+      f'error: cannot write the checkpoint (step 128, end of epoch 2) in '
+      f'{directory} (File too large); the checkpoint of step 64 is kept: '
+      'free space or make it writable, then rerun the same command to '
+      'resume'
   ]
   assert checkpoints.manager(workdir).all_steps() == [64]
   _assert_resumes_to(workdir, config, uninterrupted)
-
-
-def test_compiled_steps_are_kept_in_the_compilation_cache(
-    small_config, tmp_path, monkeypatch
-):
-  # The tests' own cache, and its threshold: main.py sets its own.
-  monkeypatch.delenv('JAX_COMPILATION_CACHE_DIR')
-  monkeypatch.delenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS')
-  cache = tmp_path / 'cache'
-  result = _main(
-      f'--workdir={tmp_path / "workdir"}',
-      f'--compilation_cache_dir={cache}',
-      *_flags(small_config(train_split='train[:256]')),
-  )
-  assert result.returncode == 0, result.stderr
-  kept = {name.split('-')[0] for name in os.listdir(cache)}
-  # The training and evaluation steps, and the small computations too (the
-  # model's initialisers compile in well under JAX's default 1 s).
-  assert {'jit_train_steps', 'jit_eval_steps'} <= kept
-  assert 'jit__truncated_normal' in kept
 
 
 # A model changed as users change the example's: layers the CPU levers do
@@ -933,8 +949,16 @@ class CNN(nnx.Module):
 
 
 def test_a_changed_model_trains_through_the_default_command(
-    mnist_data_dir, tmp_path
+    mnist_data_dir, tmp_path, monkeypatch
 ):
+  """And its compiled steps are kept in the --compilation_cache_dir named.
+
+  (One process for both: the changed model compiles afresh anyway.)
+  """
+  # The tests' own cache, and its threshold: main.py sets its own.
+  monkeypatch.delenv('JAX_COMPILATION_CACHE_DIR')
+  monkeypatch.delenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS')
+  cache = tmp_path / 'cache'
   checkout = tmp_path / 'checkout'
   shutil.copytree(
       ROOT,
@@ -948,6 +972,7 @@ def test_a_changed_model_trains_through_the_default_command(
           sys.executable,
           'main.py',
           f'--workdir={workdir}',
+          f'--compilation_cache_dir={cache}',
           '--config=configs/default.py',
           f'--config.data_dir={mnist_data_dir}',
           '--config.train_split=train[:1024]',
@@ -962,3 +987,8 @@ def test_a_changed_model_trains_through_the_default_command(
   assert result.returncode == 0, result.stderr[-3000:]
   assert re.search(r'epoch:  1, train_loss: \d', result.stderr)
   assert os.path.isfile(workdir / 'export' / 'mnist' / '1' / 'saved_model.pb')
+  kept = {name.split('-')[0] for name in os.listdir(cache)}
+  # The training and evaluation steps, and the small computations too (the
+  # model's initialisers compile in well under JAX's default 1 s).
+  assert {'jit_train_steps', 'jit_eval_steps'} <= kept
+  assert 'jit__truncated_normal' in kept
