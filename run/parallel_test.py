@@ -49,13 +49,48 @@ def small_run(config, workdir) -> dict:
   }
 
 
-# `small_run` in a process of its own. argv: the config as JSON, workdir.
-SMALL_RUN = """
+def dropout_masks() -> tuple[int, float]:
+  """The default config's dropout masks of a batch split over the devices,
+  and of the batch whole: how many outputs differ, and the rate dropped."""
+  # pylint: disable=g-import-not-at-top
+  from cpu import layers
+  from flax import nnx
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  config = default.get_config()
+  whole = np.ones((64, 28, 28, 32), np.float32)
+  split = NamedSharding(parallel.create_mesh(), PartitionSpec(parallel.AXIS))
+  outputs = []
+  for batch in (whole, jax.device_put(whole, split)):
+    model = train.create_model(config, layers.for_config(config, 'cpu'))
+    model.train()
+    outputs.append(
+        np.asarray(nnx.jit(lambda m, b: m.dropout1(b))(model, batch))
+    )
+  return int((outputs[0] != outputs[1]).sum()), float((outputs[0] == 0).mean())
+
+
+# What the tests of four devices check, in one process of 4 forced CPU
+# devices (each process takes seconds to start): the error of a batch that
+# does not divide over them, the dropout masks, and `small_run`. argv: the
+# config as JSON, workdir.
+FOUR_DEVICES = """
 import json, sys
-import ml_collections
-from run import parallel_test
+import jax, ml_collections
+from run import config_checks, errors, parallel_test
 config = ml_collections.ConfigDict(json.loads(sys.argv[1]))
-print(json.dumps(parallel_test.small_run(config, sys.argv[2])))
+odd = ml_collections.ConfigDict(json.loads(sys.argv[1]))
+odd.batch_size = 30
+try:
+  config_checks.validate(odd, jax.device_count())
+  odd_batch = None
+except errors.UserError as e:
+  odd_batch = str(e)
+print(json.dumps({
+    'odd_batch': odd_batch,
+    'dropout_masks': parallel_test.dropout_masks(),
+    **parallel_test.small_run(config, sys.argv[2]),
+}))
 """
 
 
@@ -83,19 +118,30 @@ def _config_json(small_config, **fields) -> str:
   return json.dumps(small_config(**fields).to_dict())
 
 
-def test_four_devices_shard_the_batch_and_match_one_device(
-    small_config, tmp_path
-):
+def _four_config(small_config):
   # float32 matmuls: bf16's roundings turn the all-reduce's other order of
   # float32 sums (1e-7) into 1e-4 in a step's gradients, and up to 2% in
   # the summary after 16 steps. In float32 the 1e-7 grows too, by how much
   # depends on the dropout masks: 1e-7 to 4e-4 in the test loss after
   # these 16 steps at learning rate 0.1 (the masks themselves are the same
   # on 4 devices as on one: test_four_devices_draw_the_dropout_masks_of_one).
-  config = small_config(eval_batch_size=32, matmul_precision='float32')
+  return small_config(eval_batch_size=32, matmul_precision='float32')
+
+
+@pytest.fixture(scope='module')
+def four_devices(small_config, tmp_path_factory) -> dict:
+  """FOUR_DEVICES' report, on `_four_config`."""
+  config = json.dumps(_four_config(small_config).to_dict())
+  workdir = str(tmp_path_factory.mktemp('four'))
+  return _json(_run(FOUR_DEVICES, config, workdir, devices=4))
+
+
+def test_four_devices_shard_the_batch_and_match_one_device(
+    small_config, four_devices, tmp_path
+):
+  config = _four_config(small_config)
   one = small_run(config, str(tmp_path / 'one'))  # This process: 1 device.
-  config_json = json.dumps(config.to_dict())
-  four = _json(_run(SMALL_RUN, config_json, str(tmp_path / 'four'), devices=4))
+  four = four_devices
   assert one['devices'] == 1 and one['shard_shape'] == [3, 64, 28, 28, 1]
   # Each of the 4 devices holds a quarter of every batch.
   assert four['devices'] == 4 and four['shard_shape'] == [3, 16, 28, 28, 1]
@@ -107,44 +153,16 @@ def test_four_devices_shard_the_batch_and_match_one_device(
   assert four['summary'] == pytest.approx(one['summary'], rel=1e-3, abs=1e-6)
 
 
-# The default config's dropout masks of a batch split over the devices, and
-# of the batch whole. Prints how many outputs differ, and the rate dropped.
-DROPOUT_MASKS = """
-import jax, numpy as np
-from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
-import train
-from run import parallel
-from configs import default
-from cpu import layers
-config = default.get_config()
-whole = np.ones((64, 28, 28, 32), np.float32)
-split = NamedSharding(parallel.create_mesh(), PartitionSpec(parallel.AXIS))
-outputs = []
-for batch in (whole, jax.device_put(whole, split)):
-  model = train.create_model(config, layers.for_config(config, 'cpu'))
-  model.train()
-  outputs.append(np.asarray(nnx.jit(lambda m, b: m.dropout1(b))(model, batch)))
-print(int((outputs[0] != outputs[1]).sum()), float((outputs[0] == 0).mean()))
-"""
+def test_four_devices_draw_the_dropout_masks_of_one(four_devices):
+  differ, dropped = four_devices['dropout_masks']
+  assert differ == 0
+  assert abs(dropped - default.get_config().dropout_rate) < 0.001
 
 
-def test_four_devices_draw_the_dropout_masks_of_one():
-  result = _run(DROPOUT_MASKS, devices=4)
-  assert result.returncode == 0, result.stderr[-3000:]
-  differ, dropped = result.stdout.split()[-2:]
-  assert int(differ) == 0
-  assert abs(float(dropped) - default.get_config().dropout_rate) < 0.001
-
-
-def test_batch_size_must_divide_over_the_devices(small_config, tmp_path):
-  config = _config_json(small_config, batch_size=30)
-  result = _run(SMALL_RUN, config, str(tmp_path / 'w'), devices=4)
-  assert result.returncode != 0
-  assert (
-      'UserError: config.batch_size=30 is not allowed: use a multiple of the '
-      '4 devices'
-  ) in result.stderr
+def test_batch_size_must_divide_over_the_devices(four_devices):
+  assert four_devices['odd_batch'] == (
+      'config.batch_size=30 is not allowed: use a multiple of the 4 devices'
+  )
 
 
 # One of two processes: trains 4 steps of 128 (64 from each process's half of
