@@ -359,10 +359,14 @@ class RestHandler(http.server.BaseHTTPRequestHandler):
     The server answers it without looking at the model or the flag, with an
     empty body either way; outside /v1/, its HTTP library's 404.
     """
-    if not self.API.fullmatch(self.path.split('?')[0]):
+    if not self._in_api():
       return self.send_error(404)
     origin = self.headers.get('Origin', '')
     return self._send(200 if re.search('https?://', origin) else 400, b'', {})
+
+  def _in_api(self) -> bool:
+    """Whether the path, its query aside, is one the dispatcher takes."""
+    return bool(self.API.fullmatch(self.path.split('?')[0]))
 
   def do_GET(self):  # pylint: disable=invalid-name
     self._serve(self._status, predict=False)
@@ -421,7 +425,7 @@ class RestHandler(http.server.BaseHTTPRequestHandler):
 
   def _send(self, status: int, data: bytes, headers: dict) -> None:
     """Answers `data`, with the CORS headers if on and the path is the API's."""
-    if self.cors and self.API.fullmatch(self.path.split('?')[0]):
+    if self.cors and self._in_api():
       headers = {**headers, **self.CORS_HEADERS}
     self.send_response(status)
     for name, value in headers.items():
