@@ -12,8 +12,8 @@ class CNN(nnx.Module):
 
   824,650 parameters. Its dropout layers hold their own random streams, so a
   checkpoint of the model resumes them; `rngs` at the call, as the example
-  passes it, draws from that instead. `layers` gives Conv, Linear and
-  Dropout: `flax.nnx` itself, or the same layers with faster kernels
+  passes it, draws from that instead. `layers` gives Conv, BatchNorm, Linear
+  and Dropout: `flax.nnx` itself, or the same layers with faster kernels
   (cpu/layers.py); the parameters and their names do not depend on it.
   """
 
@@ -21,10 +21,10 @@ class CNN(nnx.Module):
       self, rngs: nnx.Rngs, *, dropout_rate: float = 0.025, layers=nnx
   ):
     self.conv1 = layers.Conv(1, 32, kernel_size=(3, 3), rngs=rngs)
-    self.batch_norm1 = nnx.BatchNorm(32, rngs=rngs)
+    self.batch_norm1 = layers.BatchNorm(32, rngs=rngs)
     self.dropout1 = layers.Dropout(rate=dropout_rate, rngs=rngs)
     self.conv2 = layers.Conv(32, 64, kernel_size=(3, 3), rngs=rngs)
-    self.batch_norm2 = nnx.BatchNorm(64, rngs=rngs)
+    self.batch_norm2 = layers.BatchNorm(64, rngs=rngs)
     self.avg_pool = functools.partial(
         nnx.avg_pool, window_shape=(2, 2), strides=(2, 2)
     )

@@ -10,6 +10,7 @@ import functools
 import types
 
 from absl import logging
+from cpu import batch_norm
 from cpu import dropout
 from cpu import matmuls
 from flax import nnx
@@ -74,4 +75,5 @@ def for_config(config, platform=None, flags=None):
       Conv=functools.partial(nnx.Conv, conv_general_dilated=conv),
       Linear=functools.partial(nnx.Linear, dot_general=dot),
       Dropout=dropout.NarrowDropout if narrow else nnx.Dropout,
+      BatchNorm=batch_norm.BatchNorm,
   )

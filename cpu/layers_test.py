@@ -4,6 +4,7 @@ import logging
 import re
 
 from configs import default
+from cpu import batch_norm
 from cpu import dropout
 from cpu import layers
 from cpu import matmuls
@@ -31,6 +32,7 @@ def _kernels(model) -> list:
       model.linear1.dot_general,
       model.linear2.dot_general,
       type(model.dropout1),
+      type(model.batch_norm1),
   ]
 
 
@@ -41,13 +43,13 @@ def _kernels(model) -> list:
             'float32',
             [matmuls.conv_general_dilated] * 2
             + [lax.dot_general] * 2
-            + [dropout.NarrowDropout],
+            + [dropout.NarrowDropout, batch_norm.BatchNorm],
         ),
         (
             'bfloat16',
             [matmuls.conv_general_dilated_bf16] * 2
             + [matmuls.dot_general_bf16] * 2
-            + [dropout.NarrowDropout],
+            + [dropout.NarrowDropout, batch_norm.BatchNorm],
         ),
     ],
 )

@@ -67,17 +67,19 @@ def conv_same(x, kernel):
 
 def _conv_same_fwd(x, kernel):
   kh, kw, cin, cout = kernel.shape
-  patches = _patches(x, kh, kw)
   if cin == 1:
-    return _conv(x, kernel), (patches, kernel)
+    return _conv(x, kernel), (x, kernel)
+  patches = _patches(x, kh, kw)
   y = patches @ kernel.reshape(-1, cout)
   return y.reshape(*x.shape[:3], cout), (patches, kernel)
 
 
 def _conv_same_bwd(residuals, g):
-  patches, kernel = residuals
+  xs, kernel = residuals  # `x` for one input channel, else its patches.
   kh, kw, cin, cout = kernel.shape
-  dkernel = (patches.T @ g.reshape(-1, cout)).reshape(kernel.shape)
+  if cin == 1:  # The taps' windows as rows, not a transposed copy.
+    xs = jnp.stack(_shifted(xs, kh, kw)).reshape(kh * kw, -1).T
+  dkernel = (xs.T @ g.reshape(-1, cout)).reshape(kernel.shape)
   dpatches = _pad(g, kh, kw).reshape(-1, cout) @ kernel.reshape(-1, cout).T
   return _col2im(dpatches, (*g.shape[:3], cin), kh, kw), dkernel
 
