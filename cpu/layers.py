@@ -1,9 +1,9 @@
 """The layers `models.CNN` is built with on a CPU: Flax's own, faster there.
 
 With `config.cpu_levers` on a CPU, Flax's classes given other kernels
-(cpu/matmuls.py: the same math, or bf16 matmuls) and narrower random bits
-(cpu/dropout.py). Their state is Flax's: checkpoints and the export do not
-depend on them.
+(cpu/matmuls.py: the same math, or bf16 matmuls), narrower random bits
+(cpu/dropout.py) and BatchNorm's gradient written out (cpu/batch_norm.py).
+Their state is Flax's: checkpoints and the export do not depend on them.
 """
 
 import functools
