@@ -78,8 +78,10 @@ def _conv_same_bwd(residuals, g):
   xs, kernel = residuals  # `x` for one input channel, else its patches.
   kh, kw, cin, cout = kernel.shape
   if cin == 1:  # The taps' windows as rows, not a transposed copy.
-    xs = jnp.stack(_shifted(xs, kh, kw)).reshape(kh * kw, -1).T
-  dkernel = (xs.T @ g.reshape(-1, cout)).reshape(kernel.shape)
+    rows = jnp.stack(_shifted(xs, kh, kw)).reshape(kh * kw, -1)
+  else:
+    rows = xs.T
+  dkernel = (rows @ g.reshape(-1, cout)).reshape(kernel.shape)
   dpatches = _pad(g, kh, kw).reshape(-1, cout) @ kernel.reshape(-1, cout).T
   return _col2im(dpatches, (*g.shape[:3], cin), kh, kw), dkernel
 
