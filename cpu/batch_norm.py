@@ -10,6 +10,7 @@ output: the same sums in float32, to rounding.
 import functools
 
 from flax import nnx
+from flax.nnx.module import first_from
 import jax
 from jax import lax
 import jax.numpy as jnp
@@ -62,10 +63,10 @@ class BatchNorm(nnx.BatchNorm):
   """
 
   def __call__(self, x, use_running_average=None, *, mask=None):
-    running = (
-        self.use_running_average
-        if use_running_average is None
-        else use_running_average
+    running = first_from(
+        use_running_average,
+        self.use_running_average,
+        error_msg='BatchNorm has no use_running_average, at the call or built',
     )
     covered = (
         not running
