@@ -3,17 +3,23 @@
 Opt-in, not part of the tests:
 
   python -m tools.step_benchmark [--steps=78] [--rounds=3]
-      [--variants=all|levers] [--taskset=CPUS]
+      [--variants=all|levers] [--taskset=CPUS | --in_process]
 
-Each variant runs in a fresh process, variants alternate round by round, and
-the median per variant is reported with its ratio to the first variant (and
-the median of the ratios round by round, `paired`): the Flax example's
-loop, or with `--variants=levers` our loop with neither bf16 matmuls nor
-narrow dropout bits, then each of them and both. `--taskset=1`
+Each variant runs in a fresh process, variants alternate round by round (the
+order reversed every other round, so neither side of a pair always runs
+first), and the median per variant is reported with its ratio to the first
+variant (and the median of the ratios round by round, `paired`): the Flax
+example's loop, or with `--variants=levers` our loop with neither bf16
+matmuls nor narrow dropout bits, then each of them and both. `--taskset=1`
 runs each process on CPU 1 alone (`taskset -c 1`: XLA then runs one thread,
 and each operation's time is its own work). Batches are 128 random images
 (step time does not depend on pixel values); each variant compiles and warms
 up before it is timed. Prints a table, then one JSON object as its last line.
+
+`--in_process` builds every variant in this one process and alternates
+their timed dispatches the same way: a machine whose speed drifts for
+minutes slows both sides of a pair alike, so a lever of a few percent shows
+through. For one core, run the whole command under `taskset -c 1`.
 
 It imports JAX, Flax, optax, NumPy, absl and ml_collections alone, not
 TensorFlow, TFDS, clu or orbax: it runs where only JAX is (a GPU machine).
@@ -59,6 +65,11 @@ flags.DEFINE_enum(
 flags.DEFINE_string(
     'taskset', '', "CPUs for each variant's process (taskset -c); '': all."
 )
+flags.DEFINE_bool(
+    'in_process',
+    False,
+    'Every variant in this process, their timed dispatches alternating.',
+)
 flags.DEFINE_string(
     'variant', None, 'Internal: run one variant, print ms/step.'
 )
@@ -94,11 +105,11 @@ LEVERS = {
 }
 
 
-def _time_variant(name: str, steps: int) -> float:
-  """Milliseconds per step of variant `name`, after compiling and warm-up.
+def _prepare(name: str, steps: int) -> typing.Callable[[], float]:
+  """Variant `name`, compiled and warmed up: a call times `steps` steps.
 
-  bf16 matmuls are timed whether or not this CPU multiplies bf16 natively
-  (`main` prints which).
+  It returns milliseconds per step. bf16 matmuls are timed whether or not
+  this CPU multiplies bf16 natively (`main` prints which).
   """
   variant = {**VARIANTS, **LEVERS}[name]
   config = default.get_config()
@@ -144,45 +155,61 @@ def _time_variant(name: str, steps: int) -> float:
     run(timed)
   run(warmup)
   jax.block_until_ready(nnx.state(model))
-  start = time.perf_counter()
-  run(timed)
-  jax.block_until_ready(nnx.state(model))
-  return (time.perf_counter() - start) * 1000 / len(timed)
+
+  def time_steps() -> float:
+    start = time.perf_counter()
+    run(timed)
+    jax.block_until_ready(nnx.state(model))
+    return (time.perf_counter() - start) * 1000 / len(timed)
+
+  return time_steps
+
+
+def _in_fresh_process(name: str, pinned: list[str]) -> float:
+  """Milliseconds per step of variant `name`, timed by a new Python."""
+  command = [sys.executable, '-m', 'tools.step_benchmark', f'--variant={name}']
+  out = subprocess.run(
+      pinned + command + [f'--steps={FLAGS.steps}'],
+      capture_output=True,
+      text=True,
+      check=True,
+      cwd=ROOT,
+  ).stdout
+  return float(out.strip().splitlines()[-1])
 
 
 def main(argv):
   del argv
   if FLAGS.variant:
-    print(_time_variant(FLAGS.variant, FLAGS.steps))
+    print(_prepare(FLAGS.variant, FLAGS.steps)())
     return
+  if FLAGS.in_process and FLAGS.taskset:
+    sys.exit(
+        f'--taskset={FLAGS.taskset} pins fresh processes; with --in_process,'
+        f' run the whole command under taskset -c {FLAGS.taskset} instead.'
+    )
   variants = VARIANTS if FLAGS.variants == 'all' else LEVERS
   pinned = ['taskset', '-c', FLAGS.taskset] if FLAGS.taskset else []
   native, why = cpu_layers.bf16_matmuls(default.get_config(), 'cpu')
+  cpus = FLAGS.taskset or ','.join(map(str, sorted(os.sched_getaffinity(0))))
+  how = 'one process, dispatches alternating' if FLAGS.in_process else 'fresh'
   print(
-      f'CPUs: {FLAGS.taskset or "all"}; bf16 matmuls native: {native} ({why});'
-      f' jax {jax.__version__}'
+      f'CPUs: {cpus}; bf16 matmuls native: {native} ({why}); jax'
+      f' {jax.__version__}; variants timed: {how}'
   )
+  if FLAGS.in_process:
+    timers = {name: _prepare(name, FLAGS.steps) for name in variants}
+  else:
+    timers = {
+        name: lambda n=name: _in_fresh_process(n, pinned) for name in variants
+    }
   times = {name: [] for name in variants}
-  for _ in range(FLAGS.rounds):
-    for name in variants:
-      out = subprocess.run(
-          pinned
-          + [
-              sys.executable,
-              '-m',
-              'tools.step_benchmark',
-              f'--variant={name}',
-              f'--steps={FLAGS.steps}',
-          ],
-          capture_output=True,
-          text=True,
-          check=True,
-          cwd=ROOT,
-      ).stdout
-      times[name].append(float(out.strip().splitlines()[-1]))
+  for round_ in range(FLAGS.rounds):
+    for name in list(variants)[:: -1 if round_ % 2 else 1]:
+      times[name].append(timers[name]())
   first = next(iter(times.values()))
   base = statistics.median(first)
-  result = {'cpus': FLAGS.taskset or 'all', 'native_bf16': native}
+  result = {'cpus': cpus, 'native_bf16': native, 'in_process': FLAGS.in_process}
   for name, values in times.items():
     median = statistics.median(values)
     # Round by round, against the first variant's run of the same round:
