@@ -40,6 +40,7 @@ import input_pipeline
 import numpy as np
 from run import errors
 from run import parallel
+from tools import crafted_images
 from PIL import Image
 import pytest
 import tensorflow_datasets as tfds
@@ -260,6 +261,30 @@ def oversized_images(tmp_path_factory) -> dict[str, str]:
       'claims.jpg': _claiming(_encoded(small, 'JPEG'), 5000, 5000),
       'claims.png': _claiming(_encoded(small, 'PNG'), 30000, 30000),
       'claims.bmp': bmp[:18] + struct.pack('<ii', 5000, 5000) + bmp[26:],
+  }
+  for name, data in files.items():
+    (directory / name).write_bytes(data)
+  return {name: str(directory / name) for name in files}
+
+
+@pytest.fixture(scope='session')
+def costly_images(tmp_path_factory) -> dict[str, str]:
+  """Files within the size bound whose decoding would cost the most.
+
+  name -> path: the crafted JPEG (Pillow's progressive JPEG, its first AC
+  scan written 20,000 more times), a CMYK JPEG, a PNG whose IHDR claims
+  4096x4096 pixels of 16-bit RGB.
+  """
+  directory = tmp_path_factory.mktemp('costly')
+  progressive = crafted_images.progressive_jpeg('L', 64)
+  png = _claiming(_encoded(Image.new('RGB', (16, 16)), 'PNG'), 4096, 4096)
+  png = bytearray(png)
+  png[24] = 16  # Bit depth; the checksum made again.
+  png[29:33] = struct.pack('>I', zlib.crc32(png[12:29]))
+  files = {
+      'scans.jpg': crafted_images.with_scans(progressive, 20_006, 1),
+      'cmyk.jpg': _encoded(Image.new('CMYK', (16, 16)), 'JPEG'),
+      'rgb16.png': bytes(png),
   }
   for name, data in files.items():
     (directory / name).write_bytes(data)

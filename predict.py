@@ -26,7 +26,9 @@ if __name__ == '__main__':  # Before TensorFlow's and gRPC's first import.
   startup.begin(sys.argv, tensorflow_log_level=2)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import io
 import json
+import struct
 import warnings
 
 from absl import app
@@ -84,20 +86,49 @@ def _cause(error: OSError) -> str:
   return error.strerror or errors.one_line(error)
 
 
+def _check_header(data: bytes) -> None:
+  """Refuses, as serving_bytes does, a PNG of too many bytes of pixels and a
+  JPEG of too many scans: what its header (or its markers) says."""
+  if data.startswith(signatures.BYTES_FORMATS['PNG']) and len(data) >= 26:
+    width, height = struct.unpack('>II', data[16:24])
+    depth, colour = data[24], data[25]
+    size = signatures.PNG_CHANNELS.get(colour, 1) * (2 if depth == 16 else 1)
+    if width * height * size > signatures.MAX_PNG_BYTES:
+      raise InputError(
+          f'the PNG is {width}x{height} pixels of {size} bytes; predict.py '
+          f'decodes {signatures.PNG_BOUND}'
+      )
+  scans = data.count(b'\xff\xda')
+  if data.startswith(signatures.BYTES_FORMATS['JPEG']) and (
+      scans > signatures.MAX_JPEG_SCANS
+  ):
+    raise InputError(
+        f'the JPEG holds {scans} scans; predict.py decodes '
+        f'{signatures.SCANS_BOUND}'
+    )
+
+
 def load_image(path: str, invert: bool = False) -> np.ndarray:
   """A `(1, 28, 28, 1)` float32 batch: on MNIST's images, the training data.
 
-  Its header's size is bounded before it is decoded, as in serving_bytes.
+  Its header's size, a PNG's bytes and a JPEG's scans are bounded before
+  it is decoded, as in serving_bytes.
   """
   bound = f'predict.py decodes {signatures.BOUND}'
   try:
+    with open(path, 'rb') as f:
+      data = f.read()
     with warnings.catch_warnings():  # Pillow warns of sizes over its bound.
       warnings.simplefilter('ignore', Image.DecompressionBombWarning)
-      with Image.open(path) as image:
+      with Image.open(io.BytesIO(data)) as image:
         width, height = image.size
         too_many = width * height > signatures.MAX_PIXELS
         if too_many or max(width, height) > signatures.MAX_SIDE:
           raise InputError(f'the image is {width}x{height} pixels; {bound}')
+        _check_header(data)
+        # A colour JPEG's luma is its Y channel: decoded alone, as
+        # serving_bytes decodes it, without the chroma.
+        image.draft('L', None)
         grey = image.convert('L')
   except Image.DecompressionBombError:  # Over twice Pillow's bound.
     most = 2 * Image.MAX_IMAGE_PIXELS

@@ -742,6 +742,69 @@ def test_the_bytes_signature_refuses_images_over_the_bound(
   ]
 
 
+@pytest.mark.parametrize(
+    'way, answer',
+    [
+        ('saved_model', 'the model refused it'),
+        ('rest', 'server {} answered 400'),
+        ('grpc', 'server {} answered INVALID_ARGUMENT'),
+    ],
+)
+def test_the_bytes_signature_refuses_costly_files_and_goes_on(
+    way, answer, trained_export, standin, pngs, costly_images
+):
+  """The crafted JPEG of 20,006 scans among them; then a PNG is classified."""
+  classifier = _classifiers(
+      way, trained_export, standin.rest, standin.grpc, 'serving_bytes'
+  )
+  paths = [*costly_images.values(), pngs[0]]
+  failures, out, err = _classify(paths, classifier, as_bytes=True)
+  assert failures == len(costly_images)
+  assert [line.split(':')[0] for line in out] == [pngs[0]]
+  address = {'rest': standin.rest, 'grpc': standin.grpc}.get(way, '')
+  assert err == [
+      f'error: {path}: {answer.format(address)}: '
+      + image_decoding_test.COSTLY[name]
+      for name, path in costly_images.items()
+  ]
+  if way != 'saved_model':
+    assert standin.process.poll() is None
+
+
+def test_predict_refuses_costly_files_before_pillow_decodes(
+    trained_export, pngs, costly_images
+):
+  """Pillow decodes a CMYK JPEG, which serving_bytes refuses for its cost."""
+  scans, png = costly_images['scans.jpg'], costly_images['rgb16.png']
+  paths = [scans, png, costly_images['cmyk.jpg'], pngs[0]]
+  floats = classifiers.SavedModelClassifier(trained_export, 'serving_default')
+  failures, out, err = _classify(paths, floats)
+  assert failures == 2
+  assert [line.split(':')[0] for line in out] == paths[2:]
+  assert err == [
+      f'error: {scans}: the JPEG holds 20006 scans; predict.py decodes JPEGs '
+      'of at most 24 scans',
+      f'error: {png}: the PNG is 4096x4096 pixels of 6 bytes; predict.py '
+      'decodes PNGs of at most 50331648 bytes of pixels (4096x4096 8-bit RGB)',
+  ]
+
+
+@pytest.mark.parametrize('way', ['rest', 'grpc'])
+def test_a_request_over_the_budget_is_one_line(way, standin, tmp_path):
+  path = tmp_path / 'bound.png'
+  Image.new('L', (4096, 4096)).save(path)
+  classifier = _classifiers(
+      way, None, standin.rest, standin.grpc, 'serving_bytes'
+  )
+  with pytest.raises(predict.InputError) as refused:
+    classifier(np.array([path.read_bytes()] * 5, object))
+  assert str(refused.value).endswith(
+      ': the images claim 83886080 pixels in all; the model decodes at most '
+      '67108864 pixels a request (four 4096x4096 images)'
+  )
+  assert standin.process.poll() is None
+
+
 def _peak_rss_mb(args: list[str], tmp_path) -> tuple[list[str], float]:
   """predict.py's output lines and error lines, and its peak memory (MB)."""
   out, err = tmp_path / 'out', tmp_path / 'err'

@@ -5,12 +5,16 @@ predict.py makes with Pillow: Pillow's integer luma and bilinear resize, as
 TensorFlow's own ops differ by a grey level here and there. Everything is
 checked before a decoder runs: the format, by the bytes a file starts with
 (every TensorFlow decode op decodes whatever format it finds, and its WebP
-decoder corrupts the heap on a malformed animation), and the size the header
-claims (the decoders fill out any size a few bytes claim).
+decoder corrupts the heap on a malformed animation), the size the header
+claims (the decoders fill out any size a few bytes claim), a JPEG's scans (a
+progressive decoder passes over the whole image once per scan), and the
+pixels that a request's images claim together.
 """
 
-from serving.signatures import BOUND, BYTES_FORMATS, FORMATS, IMAGE_SIZE, MAX_PIXELS, MAX_SIDE, PIXEL_VALUES
+from serving.signatures import BOUND, BYTES_FORMATS, FORMATS, IMAGE_SIZE, MAX_JPEG_SCANS, MAX_PIXELS, MAX_REQUEST_PIXELS, MAX_SIDE, PIXEL_VALUES, PNG_BOUND, PNG_CHANNELS, MAX_PNG_BYTES, REQUEST_BOUND, SCANS_BOUND
 import tensorflow as tf
+
+PNG, JPEG = list(BYTES_FORMATS).index('PNG'), list(BYTES_FORMATS).index('JPEG')
 
 # Pillow's fixed-point resampling of 8-bit images (libImaging/Resample.c).
 PRECISION_BITS = 22
@@ -48,11 +52,23 @@ def _resample(pixels: tf.Tensor) -> tf.Tensor:
 
 
 def _grey(image: tf.Tensor) -> tf.Tensor:
-  """The `(height, width)` int32 luma of decoded pixels, as Pillow's 'L'."""
-  channels = tf.where(tf.shape(image)[-1] < 3, [0, 0, 0], [0, 1, 2])
-  rgb = tf.gather(image, channels, axis=-1)
-  weighted = tf.cast(rgb, tf.int32) * tf.constant([19595, 38470, 7471])
-  return tf.bitwise.right_shift(tf.reduce_sum(weighted, axis=-1) + 2**15, 16)
+  """The `(height, width)` float64 luma of decoded pixels, as Pillow's 'L'.
+
+  Grey (with or without alpha) is its own luma. Colour's weighted sum is a
+  1x1 convolution, in float32, in which its integers are exact (under 2**24),
+  and the one op that reads the image once.
+  """
+
+  def luma():
+    channels = tf.shape(image)[-1]
+    weights = tf.constant([19595.0, 38470.0, 7471.0, 0.0])[:channels]
+    pixels = tf.cast(image, tf.float32)[None]
+    total = tf.nn.conv2d(pixels, tf.reshape(weights, [1, 1, -1, 1]), 1, 'VALID')
+    luma = tf.floor((total[0, ..., 0] + 2**15) / 2**16)
+    return tf.cast(luma, tf.float64)
+
+  grey = lambda: tf.cast(image[..., 0], tf.float64)
+  return tf.cond(tf.shape(image)[-1] < 3, grey, luma)
 
 
 def _uint(header: tf.Tensor, offset: int, length: int, big_endian=False):
@@ -97,37 +113,102 @@ def claimed_size(encoded: tf.Tensor):
   return index, width, height
 
 
-def _prepare(encoded: tf.Tensor) -> tf.Tensor:
-  """One encoded image as a `(28, 28, 1)` float32 image in [0, 1].
+def jpeg_scans(encoded: tf.Tensor) -> tf.Tensor:
+  """The scans of a JPEG, at most: how many times the bytes FF DA occur.
 
-  An input refused fails `assertion failed: [<why>]`, INVALID_ARGUMENT;
-  decoding takes the checked tensor, so it runs after. The message never
-  holds the input's bytes.
+  In entropy-coded data a byte FF is followed by 00 or a restart marker, so
+  each FF DA starts a scan, of the image or of one embedded in it (a
+  thumbnail), or lies in metadata: never fewer than the scans.
+  """
+  data = tf.io.decode_raw(encoded, tf.uint8)
+  starts = (data[:-1] == 0xFF) & (data[1:] == 0xDA)
+  return tf.reduce_sum(tf.cast(starts, tf.int32))
+
+
+def png_format(encoded: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+  """A PNG's bit depth and colour type (IHDR's), as int32s; zeros if short."""
+  head = tf.strings.substr(encoded, 0, HEADER_BYTES)
+  header = tf.io.decode_raw(head, tf.uint8, fixed_length=HEADER_BYTES)
+  return tf.cast(header[24], tf.int32), tf.cast(header[25], tf.int32)
+
+
+def _checked(encoded: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+  """The format's index and the pixels claimed, once the image passes.
+
+  An input refused fails `assertion failed: [<why>]`, INVALID_ARGUMENT. The
+  message never holds the input's bytes.
   """
   index, width, height = claimed_size(encoded)
   within = width * height <= MAX_PIXELS
   within &= tf.maximum(width, height) <= MAX_SIDE
+  depth, colour = png_format(encoded)
+  channels = [PNG_CHANNELS.get(c, 1) for c in range(7)]
+  channels = tf.gather(channels, tf.clip_by_value(colour, 0, 6))
+  pixel_bytes = tf.cast(tf.where(depth == 16, 2, 1) * channels, tf.int64)
+  png_bytes = tf.where(index == PNG, width * height * pixel_bytes, 0)
+  scans, components = tf.cond(
+      index == JPEG,
+      lambda: (jpeg_scans(encoded), tf.image.extract_jpeg_shape(encoded)[2]),
+      lambda: (0, 1),
+  )
   size = tf.strings.length(encoded)
   short = tf.strings.format('the input is {} bytes, too short to be a ', size)
-  unknown = tf.where(size < HEADER_BYTES, short, 'the input is not a ')
-  unknown += f'{FORMATS} image, the formats the model decodes'
-  large = tf.strings.format('the image is {}x{} pixels', (width, height))
-  large += f'; the model decodes {BOUND}'
-  message = tf.where(index < 0, unknown, large)
-  check = tf.debugging.Assert((index >= 0) & within, [message])
-  with tf.control_dependencies([check]):
-    encoded = tf.identity(encoded)
-  # Each decoder on its own format only (the index was checked above).
+  why = tf.where(size < HEADER_BYTES, short, 'the input is not a ')
+  why += f'{FORMATS} image, the formats the model decodes'
+  messages = [
+      (index >= 0, why),
+      (
+          within,
+          tf.strings.format('the image is {}x{} pixels', (width, height))
+          + f'; the model decodes {BOUND}',
+      ),
+      (
+          png_bytes <= MAX_PNG_BYTES,
+          tf.strings.format(
+              'the PNG is {}x{} pixels of {} bytes',
+              (width, height, pixel_bytes),
+          )
+          + f'; the model decodes {PNG_BOUND}',
+      ),
+      # CMYK costs the most a scan, and a conversion.
+      (
+          (components == 1) | (components == 3),
+          tf.strings.format('the JPEG has {} colour components', components)
+          + '; the model decodes JPEGs of 1 or 3 (grey or colour)',
+      ),
+      (
+          scans <= MAX_JPEG_SCANS,
+          tf.strings.format('the JPEG holds {} scans', scans)
+          + f'; the model decodes {SCANS_BOUND}',
+      ),
+  ]
+  passes, message = tf.constant(True), tf.constant('')
+  for ok, why in reversed(messages):  # The first failure's message.
+    passes &= ok
+    message = tf.where(ok, message, why)
+  with tf.control_dependencies([tf.debugging.Assert(passes, [message])]):
+    return tf.identity(index), width * height
+
+
+def _prepare(encoded: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+  """One checked image as a `(28, 28, 1)` float32 image in [0, 1]."""
+  # Each decoder on its own format only (the index was checked), and to no
+  # more channels than the luma reads: a JPEG's is its Y channel, decoded
+  # alone as Pillow's draft('L') decodes it; a PNG's alpha is left out.
   image = tf.switch_case(
       index,
       [
-          lambda: tf.io.decode_png(encoded),
-          lambda: tf.io.decode_jpeg(encoded, dct_method='INTEGER_ACCURATE'),
+          lambda: tf.cond(
+              png_format(encoded)[1] % 4 == 0,  # Grey, or grey and alpha.
+              lambda: tf.io.decode_png(encoded, 1),
+              lambda: tf.io.decode_png(encoded, 3),
+          ),
+          lambda: tf.io.decode_jpeg(encoded, 1, dct_method='INTEGER_ACCURATE'),
           lambda: tf.io.decode_bmp(encoded),
       ],
   )
   # Across, then down; an image of 28x28 already is left as it is.
-  pixels = _resample(_resample(tf.cast(_grey(image), tf.float64)))
+  pixels = _resample(_resample(_grey(image)))
   return tf.gather(PIXEL_VALUES, tf.cast(pixels, tf.int32))[..., None]
 
 
@@ -135,9 +216,22 @@ def _prepare(encoded: tf.Tensor) -> tf.Tensor:
 def decode(encoded: tf.Tensor) -> tf.Tensor:
   """A `(n,)` batch of encoded images as a `(n, 28, 28, 1)` float32 batch.
 
-  One image at a time: a request of many costs the memory of one.
+  Every image is checked, and the pixels they claim together, before any is
+  decoded; then one at a time: a request of many costs the memory of one.
   """
+  index, pixels = tf.map_fn(
+      _checked, encoded, fn_output_signature=(tf.int32, tf.int64)
+  )
+  total = tf.reduce_sum(pixels)
+  message = tf.strings.format('the images claim {} pixels in all', total)
+  message += f'; the model decodes {REQUEST_BOUND}'
+  check = tf.debugging.Assert(total <= MAX_REQUEST_PIXELS, [message])
+  with tf.control_dependencies([check]):
+    index = tf.identity(index)
   image = tf.TensorSpec((IMAGE_SIZE, IMAGE_SIZE, 1), tf.float32)
   return tf.map_fn(
-      _prepare, encoded, parallel_iterations=1, fn_output_signature=image
+      lambda args: _prepare(*args),
+      (encoded, index),
+      parallel_iterations=1,
+      fn_output_signature=image,
   )

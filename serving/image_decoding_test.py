@@ -4,6 +4,7 @@ only from PNG, JPEG and BMP files within the bound; anything else refused."""
 import io
 import itertools
 import os
+import struct
 import subprocess
 import sys
 import zlib
@@ -11,10 +12,12 @@ import zlib
 from serving import image_decoding
 from serving import signatures
 import numpy as np
+from PIL import ExifTags
 from PIL import Image
 import predict
 import pytest
 import tensorflow as tf
+from tools import crafted_images
 
 # Sizes (width, height): as they are, halved, enlarged, shrunk by odd
 # factors, one dimension at 28, and a photograph's.
@@ -34,7 +37,7 @@ CASES = [
 ]
 
 
-def _encoded(size, mode: str, image_format: str, seed: int) -> bytes:
+def _encoded(size, mode: str, image_format: str, seed: int, **options) -> bytes:
   """An image of noise over a smooth ramp, so that both kinds of detail count."""
   width, height = size
   rng = np.random.RandomState(seed)
@@ -47,7 +50,7 @@ def _encoded(size, mode: str, image_format: str, seed: int) -> bytes:
     image = image.convert('RGB')
   image = image.convert(mode)
   buffer = io.BytesIO()
-  image.save(buffer, image_format)
+  image.save(buffer, image_format, **options)
   return buffer.getvalue()
 
 
@@ -143,6 +146,89 @@ def test_images_over_the_bound_are_refused(oversized_images, name):
   assert REFUSALS[name] + BOUND in refused.value.message
 
 
+# The line of each file refused for what decoding it would cost (see
+# conftest.costly_images).
+COSTLY = {
+    'scans.jpg': 'the JPEG holds 20006 scans; the model decodes JPEGs of at '
+    'most 24 scans',
+    'cmyk.jpg': 'the JPEG has 4 colour components; the model decodes JPEGs of '
+    '1 or 3 (grey or colour)',
+    'rgb16.png': 'the PNG is 4096x4096 pixels of 6 bytes; the model decodes '
+    'PNGs of at most 50331648 bytes of pixels (4096x4096 8-bit RGB)',
+}
+
+
+@pytest.mark.parametrize('name', COSTLY)
+def test_costly_files_are_refused_before_decoding(costly_images, name):
+  with open(costly_images[name], 'rb') as f:
+    assert _refusal(f.read()) == COSTLY[name]
+
+
+def test_a_jpeg_of_the_scans_limit_is_decoded_one_more_refused(tmp_path):
+  limit = signatures.MAX_JPEG_SCANS
+  jpeg = crafted_images.progressive_jpeg('RGB', 40)
+  at_limit = crafted_images.with_scans(jpeg, limit, 0)
+  path = tmp_path / 'limit.jpg'
+  path.write_bytes(at_limit)
+  image = image_decoding.decode(tf.constant([at_limit])).numpy()
+  np.testing.assert_array_equal(image, predict.load_image(str(path)))
+  over = crafted_images.with_scans(jpeg, limit + 1, 0)
+  assert _refusal(over) == (
+      f'the JPEG holds {limit + 1} scans; the model decodes JPEGs of at most '
+      f'{limit} scans'
+  )
+
+
+def _with_exif_thumbnail(jpeg: bytes, thumbnail: bytes) -> bytes:
+  """`jpeg` with an EXIF APP1 segment after SOI, holding `thumbnail` as a
+  camera writes it: IFD1's JPEGInterchangeFormat and its length."""
+  entries = struct.pack('>HHII', 0x0201, 4, 1, 8 + 2 + 4 + 2 + 2 * 12 + 4)
+  entries += struct.pack('>HHII', 0x0202, 4, 1, len(thumbnail))
+  # TIFF header, an empty IFD0 that points to IFD1, IFD1, the thumbnail.
+  tiff = b'MM\x00\x2a' + struct.pack('>I', 8) + struct.pack('>HI', 0, 14)
+  tiff += struct.pack('>H', 2) + entries + struct.pack('>I', 0) + thumbnail
+  app1 = b'Exif\x00\x00' + tiff
+  return (
+      jpeg[:2]
+      + b'\xff\xe1'
+      + struct.pack('>H', len(app1) + 2)
+      + app1
+      + jpeg[2:]
+  )
+
+
+def test_a_phone_jpeg_with_its_exif_thumbnail_is_classified(tmp_path):
+  photo = _encoded((640, 480), 'RGB', 'JPEG', seed=0)
+  thumbnail = _encoded((160, 120), 'RGB', 'JPEG', seed=1)
+  data = _with_exif_thumbnail(photo, thumbnail)
+  path = tmp_path / 'phone.jpg'
+  path.write_bytes(data)
+  with Image.open(path) as image:  # Pillow reads the thumbnail's place.
+    ifd1 = image.getexif().get_ifd(ExifTags.IFD.IFD1)
+  start, length = ifd1[0x0201], ifd1[0x0202]
+  assert data[12 + start : 12 + start + length] == thumbnail
+  assert data.count(b'\xff\xda') == 2
+  image = image_decoding.decode(tf.constant([data])).numpy()
+  np.testing.assert_array_equal(image, predict.load_image(str(path)))
+
+
+def test_a_request_over_the_budget_is_refused_in_one_line(tmp_path):
+  """Four images of the bound are decoded, five refused before any is."""
+  path = tmp_path / 'bound.png'
+  Image.new('L', (4096, 4096)).save(path)
+  bound = path.read_bytes()
+  images = image_decoding.decode(tf.constant([bound] * 4)).numpy()
+  assert images.shape == (4, 28, 28, 1)
+  with pytest.raises(tf.errors.InvalidArgumentError) as refused:
+    image_decoding.decode(tf.constant([bound] * 5))
+  assert refused.value.message.split('assertion failed: [')[1].split(']')[
+      0
+  ] == (
+      'the images claim 83886080 pixels in all; the model decodes at most '
+      '67108864 pixels a request (four 4096x4096 images)'
+  )
+
+
 def test_an_image_of_the_bound_is_decoded(tmp_path):
   path = tmp_path / 'bound.png'
   pixels = np.zeros((4096, 4096), np.uint8)
@@ -164,9 +250,27 @@ LARGE = [0, 1, 4096, 4097, 16384, 65535, 2**31 - 1, 2**32 - 1]
 
 
 def _mutated(data: bytes, rng: np.random.RandomState) -> bytes:
-  """`data` with bytes overwritten, a header field set large, or truncated."""
+  """`data` with bytes overwritten, a header field set large, truncated, or,
+  of a progressive JPEG, a scan repeated (up to past the limit), two
+  scans swapped, or a scan cut short."""
+  spans = crafted_images.scan_spans(data) if data[:2] == b'\xff\xd8' else []
+  kind = rng.randint(4 if len(spans) > 1 else 3)
+  if kind == 3:
+    start, end = spans[rng.randint(len(spans))]
+    how = rng.randint(3)
+    if how == 0:
+      return data[:-2] + data[start:end] * rng.randint(1, 30) + data[-2:]
+    if how == 1:
+      first, second = sorted(spans[i] for i in rng.choice(len(spans), 2, False))
+      return (
+          data[: first[0]]
+          + data[second[0] : second[1]]
+          + data[first[1] : second[0]]
+          + data[first[0] : first[1]]
+          + data[second[1] :]
+      )
+    return data[: rng.randint(start, end)] + data[end:]
   data = bytearray(data)
-  kind = rng.randint(3)
   if kind == 0:
     for at in rng.randint(len(data), size=rng.randint(1, 9)):
       data[at] = rng.randint(256)
@@ -218,6 +322,12 @@ def test_mutated_files_are_classified_or_refused_never_a_crash(tmp_path):
       _encoded(size, mode, image_format, seed)
       for seed, (size, (mode, image_format)) in enumerate(
           itertools.product(SIZES[:5], CASES)
+      )
+  ]
+  originals += [
+      _encoded(size, mode, 'JPEG', seed, progressive=True)
+      for seed, (size, mode) in enumerate(
+          itertools.product(SIZES[:5], ['L', 'RGB'])
       )
   ]
   paths = []

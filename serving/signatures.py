@@ -37,3 +37,26 @@ FORMATS = 'PNG, JPEG or BMP'
 MAX_PIXELS = 4096 * 4096
 MAX_SIDE = 16384
 BOUND = f'at most {MAX_PIXELS} pixels (4096x4096), {MAX_SIDE} on a side'
+# A progressive JPEG's decoder passes over every block of the image once per
+# scan, so a small file of many scans costs seconds: the scans are bounded
+# too. Encoders write 1 (baseline), 6 and 10 (libjpeg's progressive grey and
+# colour), up to 16 (mozjpeg's searched scripts), and one more for each
+# thumbnail; 24 leaves room above those, and holds a file of the bound made
+# of the costliest scans under half a second of CPU (docs/serving.md).
+MAX_JPEG_SCANS = 24
+SCANS_BOUND = f'JPEGs of at most {MAX_JPEG_SCANS} scans'
+# A PNG's decoder unfilters every byte of its samples, so its pixels' bytes
+# are bounded too, by those of the bound's pixels in 8-bit RGB: alpha and
+# 16-bit samples hold fewer pixels. Channels by IHDR's colour type.
+PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+MAX_PNG_BYTES = 3 * MAX_PIXELS
+PNG_BOUND = (
+    f'PNGs of at most {MAX_PNG_BYTES} bytes of pixels (4096x4096 8-bit RGB)'
+)
+# A request's images together, by the pixels their headers claim: four
+# images of the bound, so that a request costs at most four times the worst
+# image.
+MAX_REQUEST_PIXELS = 4 * MAX_PIXELS
+REQUEST_BOUND = (
+    f'at most {MAX_REQUEST_PIXELS} pixels a request (four 4096x4096 images)'
+)

@@ -2,8 +2,11 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+
+from PIL import Image
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -59,3 +62,43 @@ def test_a_directory_without_a_model_is_one_line(tmp_path, mnist_data_dir):
       f'error: --model={tmp_path}: no saved_model.pb in it nor in an integer '
       'version directory under it'
   )
+
+
+def test_the_cost_of_one_request_and_its_outcome(
+    trained_export, tmp_path, costly_images
+):
+  """--request: a directory's files as one serving_bytes request."""
+  rows = []
+  for name in ('scans.jpg', 'png'):
+    directory = tmp_path / name
+    directory.mkdir()
+    if name == 'png':
+      for i in range(3):
+        Image.new('L', (40, 30), 255 * (i % 2)).save(directory / f'{i}.png')
+    else:
+      shutil.copy(costly_images[name], directory)
+    result = subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'tools.serving_benchmark',
+            f'--model={trained_export}',
+            f'--request={directory}',
+            '--cost_calls=1',
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        check=True,
+    )
+    rows.append(json.loads(result.stdout.splitlines()[-1]))
+  refused, classified = rows
+  assert refused['images'] == 1
+  assert refused['outcome'] == (
+      'INVALID_ARGUMENT: assertion failed: [the JPEG holds 20006 scans; the '
+      'model decodes JPEGs of at most 24 scans]'
+  )
+  assert classified['images'] == 3 and classified['outcome'] == 'classified'
+  for row in rows:
+    assert row['cpu_s'] > 0 and row['peak_mb'] >= 0 and row['bytes_sent'] > 0
