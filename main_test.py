@@ -380,6 +380,57 @@ def test_checkpoint_of_another_config(run_main, workdir):
   _assert_kept(before, directory)
 
 
+def test_a_one_cycle_run_keeps_its_epochs_on_resume(
+    run_main, small_config, tmp_path
+):
+  """The cycle spans every epoch: another num_epochs is refused, unwritten."""
+  config = small_config(train_split='train[:256]', lr_schedule='one_cycle')
+  directory = str(tmp_path / 'workdir')
+  train.train_and_evaluate(config, directory)
+  before = _snapshot(directory)
+  status = run_main(
+      f'--workdir={directory}', *_flags(config), '--config.num_epochs=2'
+  )
+  checkpoints_dir = os.path.join(directory, 'checkpoints')
+  _assert_one_line_error(
+      status,
+      re.escape(
+          f'error: {checkpoints_dir} holds a checkpoint (step 4, end of epoch 1) '
+          "of another config: num_epochs 1 -> 2 (lr_schedule='one_cycle' spans "
+          'every epoch); to start afresh, use a new --workdir or move '
+          f'{checkpoints_dir} away'
+      ),
+  )
+  _assert_kept(before, directory)
+
+
+def test_flax_s_own_layers_train_as_the_levers_do_step_for_step(
+    run_main, small_config, tmp_path
+):
+  """The levers off: the layers every GPU and TPU user trains, here one step
+  a dispatch; in float32 with dropout's own bits, the same losses as the
+  levers' (a step an epoch, so that each epoch's train_loss is one step's)."""
+  config = small_config(
+      train_split='train[:64]',
+      test_split='test[:64]',
+      num_epochs=4,
+      matmul_precision='float32',
+      narrow_dropout_bits=False,
+  )
+  losses = []
+  for levers in (True, False):
+    directory = str(tmp_path / f'levers_{levers}')
+    flags_ = [*_flags(config), f'--config.cpu_levers={levers}']
+    assert run_main(f'--workdir={directory}', *flags_) == 0
+    losses.append(plot.read_scalars(directory)['train_loss'])
+  assert sorted(losses[1]) == [1, 2, 3, 4]
+  np.testing.assert_allclose(
+      [losses[1][e] for e in range(1, 5)],
+      [losses[0][e] for e in range(1, 5)],
+      rtol=2e-4,
+  )
+
+
 def test_missing_data_is_one_line_error(run_main, workdir, tmp_path):
   config, directory, before = workdir
   status = run_main(

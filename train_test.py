@@ -51,9 +51,15 @@ def test_evaluate_counts_every_test_example_once(small_config):
   assert got['loss'] == pytest.approx(expected_loss, rel=1e-5)
 
 
-def test_fast_steps_match_the_flax_examples_steps(small_config):
+@pytest.mark.parametrize('cpu_levers', [True, False])
+def test_fast_steps_match_the_flax_examples_steps(small_config, cpu_levers):
+  """Scanned: the CPU levers, or Flax's own layers as a GPU or TPU runs them."""
   # The levers that keep the math: float32 matmuls, dropout's own bits.
-  config = small_config(matmul_precision='float32', narrow_dropout_bits=False)
+  config = small_config(
+      matmul_precision='float32',
+      narrow_dropout_bits=False,
+      cpu_levers=cpu_levers,
+  )
   data, _ = input_pipeline.load(config)
   order = input_pipeline.epoch_order(config.seed, 1, 1024, config.batch_size)[
       :6
@@ -70,7 +76,7 @@ def test_fast_steps_match_the_flax_examples_steps(small_config):
   model = train.create_model(config, cpu_layers.for_config(config))
   optimizer = train.create_optimizer(model, config, len(order))
   metrics = train.create_metrics()
-  # Two dispatches of three scanned steps each, with the CPU levers.
+  # Two dispatches of three scanned steps each.
   train.train_epoch(
       model,
       optimizer,

@@ -1,9 +1,11 @@
 """The layers `models.CNN` is built with on a CPU: Flax's own, faster there.
 
-With `config.cpu_levers` on a CPU, Flax's classes given other kernels
-(cpu/matmuls.py: the same math, or bf16 matmuls), narrower random bits
-(cpu/dropout.py) and BatchNorm's gradient written out (cpu/batch_norm.py).
-Their state is Flax's: checkpoints and the export do not depend on them.
+With `config.cpu_levers` on a CPU, `flax.nnx` with four of its layers
+replaced by subclasses: Conv and Linear given other kernels through their
+construction arguments (cpu/matmuls.py: the same math, or bf16 matmuls),
+Dropout of narrower random bits (cpu/dropout.py), BatchNorm's gradient
+written out (cpu/batch_norm.py). Every other name is Flax's own. Their
+state is Flax's: checkpoints and the export do not depend on them.
 """
 
 import functools
@@ -62,6 +64,41 @@ def matmul_precision(config, platform=None, flags=None) -> str:
   return f'{precision} ({why})'
 
 
+@functools.cache
+def with_default(layer: type[nnx.Module], argument: str, value) -> type:
+  """A subclass of `layer` whose `argument` is `value` unless one is given.
+
+  A class, as Flax's are: subclassed, named in `isinstance`, its constructor
+  Flax's own (the same arguments, the same signature shown).
+  """
+
+  @functools.wraps(layer.__init__)
+  def __init__(self, *args, **kwargs):
+    kwargs.setdefault(argument, value)
+    layer.__init__(self, *args, **kwargs)
+
+  namespace = {'__init__': __init__, '__module__': __name__}
+  return type(layer.__name__, (layer,), namespace)
+
+
+class Layers(types.SimpleNamespace):
+  """`flax.nnx`, but for the layers given as keywords."""
+
+  def __getattr__(self, name: str):  # Only names not given: Flax's own.
+    return getattr(nnx, name)
+
+
+def steps_per_call(config, platform=None) -> int:
+  """`config.steps_per_call`, but 1 on a CPU with Flax's own layers.
+
+  XLA's CPU backend runs their convolution gradients many times slower in
+  `train.train_steps`' loop than in one step jitted alone.
+  """
+  if (platform or jax.default_backend()) == 'cpu' and not config.cpu_levers:
+    return 1
+  return config.steps_per_call
+
+
 def for_config(config, platform=None, flags=None):
   """What `models.CNN` takes as `layers`; logs the matmuls' precision."""
   logging.info('Matmul precision: %s.', matmul_precision(config, platform))
@@ -71,9 +108,9 @@ def for_config(config, platform=None, flags=None):
   if bf16_matmuls(config, platform, flags)[0]:
     conv, dot = matmuls.conv_general_dilated_bf16, matmuls.dot_general_bf16
   narrow = config.narrow_dropout_bits
-  return types.SimpleNamespace(
-      Conv=functools.partial(nnx.Conv, conv_general_dilated=conv),
-      Linear=functools.partial(nnx.Linear, dot_general=dot),
+  return Layers(
+      Conv=with_default(nnx.Conv, 'conv_general_dilated', conv),
+      Linear=with_default(nnx.Linear, 'dot_general', dot),
       Dropout=dropout.NarrowDropout if narrow else nnx.Dropout,
       BatchNorm=batch_norm.BatchNorm,
   )

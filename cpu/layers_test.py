@@ -12,6 +12,7 @@ from flax import nnx
 import jax
 from jax import lax
 import numpy as np
+import optax
 import pytest
 from run import parallel
 import train
@@ -69,6 +70,62 @@ def test_on_the_cpu_the_model_is_built_with_the_levers(precision, expected):
 )
 def test_elsewhere_or_switched_off_the_stock_layers(platform, fields):
   assert layers.for_config(_config(**fields), platform) is nnx
+
+
+class _Model(nnx.Module):
+  """A user's own model: a subclass of a lever's layer, then LayerNorm, which
+  no lever covers, both named through a CPU's `layers`."""
+
+  def __init__(self, layers, rngs: nnx.Rngs):
+    class GatedConv(layers.Conv):  # pylint: disable=invalid-name
+
+      def __call__(self, x):
+        return nnx.sigmoid(super().__call__(x)) * x
+
+    self.conv = GatedConv(1, 1, kernel_size=(3, 3), rngs=rngs)
+    self.norm = layers.LayerNorm(28 * 28, rngs=rngs)
+    self.linear = layers.Linear(28 * 28, 10, rngs=rngs)
+
+  def __call__(self, x, rngs=None):
+    del rngs  # No dropout.
+    return self.linear(self.norm(self.conv(x).reshape(len(x), -1)))
+
+
+@pytest.mark.parametrize('precision', ['float32', 'bfloat16'])
+def test_any_flax_layer_and_subclasses_of_the_levers_train(precision):
+  config = _config(matmul_precision=precision)
+  cpu = layers.for_config(config, 'cpu')
+  model = _Model(cpu, nnx.Rngs(0))
+  assert isinstance(model.conv, cpu.Conv) and isinstance(model.conv, nnx.Conv)
+  assert type(model.norm) is nnx.LayerNorm and cpu.Embed is nnx.Embed
+  kernel = model.conv.conv_general_dilated  # The lever's, by default.
+  assert kernel in (
+      matmuls.conv_general_dilated,
+      matmuls.conv_general_dilated_bf16,
+  )
+  optimizer = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+  rng = np.random.RandomState(0)
+  image = rng.randint(0, 256, (16, 28, 28, 1)).astype(np.uint8)
+  batch = {'image': image, 'label': rng.randint(0, 10, 16)}
+  # The same batch eight times, in one scanned dispatch: the loss falls.
+  batches = {k: np.stack([v] * 8) for k, v in batch.items()}
+  graphdef, state = nnx.split((model, optimizer, train.create_metrics()))
+  _, losses = train.train_steps(
+      graphdef, parallel.create_mesh(), state, batches
+  )
+  assert np.all(np.isfinite(losses)) and losses[-1] < losses[0] / 2
+
+
+def test_a_lever_s_construction_argument_given_is_kept():
+  cpu = layers.for_config(_config(), 'cpu')
+  conv = cpu.Conv(
+      1,
+      1,
+      (3, 3),
+      conv_general_dilated=lax.conv_general_dilated,
+      rngs=nnx.Rngs(0),
+  )
+  assert conv.conv_general_dilated is lax.conv_general_dilated
 
 
 def test_narrow_dropout_bits_off_keeps_flax_s_dropout():

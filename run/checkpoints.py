@@ -78,10 +78,11 @@ def config_differences(saved: dict, config) -> list[str]:
   """
   now = json.loads(json.dumps(config.to_dict()))
   show = lambda values, f: repr(values[f]) if f in values else 'absent'
+  why = {'num_epochs': " (lr_schedule='one_cycle' spans every epoch)"}
   return [
-      f'{f} {show(saved, f)} -> {show(now, f)}'
+      f'{f} {show(saved, f)} -> {show(now, f)}{why.get(f, "")}'
       for f in sorted(saved.keys() | now.keys())
-      if f not in config_checks.RESUMABLE
+      if f not in config_checks.resumable(now)
       and (f in saved, saved.get(f)) != (f in now, now.get(f))
   ]
 

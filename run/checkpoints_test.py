@@ -105,3 +105,13 @@ def test_config_differences_leave_out_what_a_resumed_run_may_change():
       checkpoints.config_differences(saved, config)[1]
       == 'momentum absent -> 0.9'
   )
+
+
+def test_under_one_cycle_num_epochs_is_the_config_s():
+  config = default.get_config()
+  config.lr_schedule = 'one_cycle'
+  saved = config.to_dict()
+  config.num_epochs = 20
+  assert checkpoints.config_differences(saved, config) == [
+      "num_epochs 10 -> 20 (lr_schedule='one_cycle' spans every epoch)"
+  ]

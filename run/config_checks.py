@@ -112,6 +112,14 @@ RESUMABLE = frozenset(
 )
 
 
+def resumable(config) -> frozenset[str]:
+  """RESUMABLE, but num_epochs under a one-cycle rate, whose cycle spans
+  every epoch: another num_epochs would move the rate at the restored step."""
+  if config['lr_schedule'] == 'one_cycle':
+    return RESUMABLE - {'num_epochs'}
+  return RESUMABLE
+
+
 def validate(config: ml_collections.ConfigDict, devices: int = 1) -> None:
   """Raises errors.UserError naming the first field with a value not allowed."""
   unchecked = set(config.keys()) - set(CHECKS)
