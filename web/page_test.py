@@ -2,7 +2,8 @@
 
 The page is served as README.md serves it (Python's http.server, over HTTP),
 and asks tools/serving_standin.py, started with the flags README.md gives TF
-Serving (read from README.md), on a model trained briefly by the fixtures.
+Serving (read from README.md), on a model trained for one short epoch by the
+fixtures (conftest.py's reading_export), which reads MNIST's digits well.
 Digits are drawn as a hand draws them, pointer down, moves, up, with a mouse,
 a pen and a finger, at several sizes and places; the test reads the digit the
 page shows. Other stand-ins, without CORS support or without XLA, and a
@@ -56,14 +57,14 @@ PAD = 280  # The drawing canvas's pixels, as the page sets them.
 
 
 @pytest.fixture(scope='module')
-def servers(trained_export, tmp_path_factory) -> dict[str, str]:
+def servers(reading_export, tmp_path_factory) -> dict[str, str]:
   """Stand-ins started together: name -> address (http://HOST:PORT).
 
   'readme' as README.md starts TF Serving; 'no_cors' without CORS support;
   'no_xla' without XLA, and without warm-up (which would fail the load), so
   that it answers every request with TensorFlow's error.
   """
-  readme = predict_test.readme_server_flags(os.path.dirname(trained_export))
+  readme = predict_test.readme_server_flags(os.path.dirname(reading_export))
   variants = {
       'readme': readme,
       'no_cors': [f for f in readme if f != CORS_FLAG],
