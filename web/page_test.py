@@ -180,6 +180,73 @@ DIGITS = {
 }
 
 
+def _rounded(points, per: int = 6) -> list[tuple[float, float]]:
+  """A smooth curve through `points`, as a hand rounds them (Catmull-Rom)."""
+  ends = [points[0], *points, points[-1]]
+  curve = [points[0]]
+  for p0, p1, p2, p3 in zip(ends, ends[1:], ends[2:], ends[3:]):
+    for t in (i / per for i in range(1, per + 1)):
+      curve.append(
+          tuple(
+              b
+              + 0.5 * (c - a) * t
+              + (a - 2.5 * b + 2 * c - 0.5 * d) * t**2
+              + 0.5 * (3 * b - a - 3 * c + d) * t**3
+              for a, b, c, d in zip(p0, p1, p2, p3)
+          )
+      )
+  return curve
+
+
+def _stroke(text: str) -> list[tuple[float, float]]:
+  """A stroke written as 'x,y x,y ...', in hundredths of the unit box.
+
+  Its pieces, split by '|', follow each other without a lift; a piece after
+  '~' is rounded through its points, the others are straight lines.
+  """
+  points = []
+  for piece in text.split('|'):
+    piece = piece.strip()
+    corners = [
+        tuple(int(v) / 100 for v in xy.split(','))
+        for xy in piece.lstrip('~').split()
+    ]
+    line = _rounded(corners) if piece.startswith('~') else corners
+    points += line[1:] if points and line[0] == points[-1] else line
+  return points
+
+
+# Ten digits as people write them, each stroke in the order and direction a
+# hand draws it: width / height, and the strokes. The page is to read at
+# least 9 of the 10 at each of HEIGHTS, as MNIST was made from writing of
+# every size.
+TEN_DIGITS = {
+    0: (0.7, ['~55,0 20,10 2,45 12,85 45,100 85,85 100,45 85,10 50,0 35,6']),
+    1: (0.25, ['90,0 10,100']),
+    2: (0.65, ['~5,25 30,3 65,2 90,20 80,48 45,75 3,100 | 55,97 100,98']),
+    3: (0.6, ['~8,10 45,0 85,12 80,35 40,47 85,60 95,82 60,100 5,90']),
+    4: (0.75, ['50,0 0,65 100,63', '72,25 70,100']),
+    5: (
+        0.62,
+        [
+            '22,2 15,45 | ~15,45 50,37 88,50 95,75 70,97 35,100 5,88',
+            '22,2 95,0',
+        ],
+    ),
+    6: (0.65, ['~80,0 40,20 12,50 8,80 35,100 75,95 92,72 70,52 35,55 12,72']),
+    7: (0.65, ['0,5 100,0 35,100']),
+    8: (
+        0.6,
+        [
+            '~85,12 50,0 13,14 20,33 50,47 85,64 88,88 50,100 12,88 15,64 '
+            '50,47 80,32 85,12'
+        ],
+    ),
+    9: (0.6, ['~90,15 55,0 15,8 8,30 35,45 75,38 92,15 | ~92,15 88,60 78,100']),
+}
+HEIGHTS = (240, 160, 100, 70)  # Pad pixels, of a pad of 280.
+
+
 def _along(stroke, step: float) -> list[tuple[float, float]]:
   """The stroke's corners and points between them, `step` apart at most."""
   points = [stroke[0]]
@@ -259,6 +326,31 @@ def test_a_drawn_digit_is_answered(drawing_page, digit, box, kind):
   assert top.text.startswith(str(digit))
   clear(drawing_page)
   assert shown_digit(drawing_page) == ''
+
+
+@pytest.mark.parametrize('height', HEIGHTS)
+def test_ten_digits_of_a_height_are_read(drawing_page, height):
+  """Each of the ten, `height` pixels tall, somewhere on the pad: 9 read right.
+
+  They sit at different places, corners included; a mouse, a pen and a
+  finger take turns.
+  """
+  answers = {}
+  for digit, (aspect, texts) in TEN_DIGITS.items():
+    width = aspect * height
+    # A fraction of the room left on each axis.
+    across, down = (digit * 0.37) % 1, (digit * 0.61 + 0.2) % 1
+    left, top = across * (PAD - width), down * (PAD - height)
+    kind = ('mouse', 'pen', 'touch')[(digit + height) % 3]
+    strokes = [_stroke(text) for text in texts]
+    draw(drawing_page, strokes, left, top, width, height, kind=kind)
+    state, text = _message(drawing_page)
+    assert state == 'ok', text
+    answers[digit] = shown_digit(drawing_page)
+    clear(drawing_page)
+  wrong = {d: int(a) for d, a in answers.items() if a != str(d)}
+  print(f'{height} px: {10 - len(wrong)} of 10 read right; misread: {wrong}')
+  assert len(wrong) <= 1, f'{height} px: digits misread, as {wrong}'
 
 
 def test_screenshot(drawing_page):
