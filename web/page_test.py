@@ -443,6 +443,23 @@ def test_the_address_is_remembered(browser, page, servers):
   _open(browser, page, servers['readme'])
 
 
+def test_the_page_opened_as_a_file(browser, servers):
+  """Double-clicked, file://: a page of origin null, answered all the same."""
+  _open(browser, f'file://{WEB}/index.html', servers['readme'])
+  aspect, texts = TEN_DIGITS[7]
+  draw(browser, [_stroke(t) for t in texts], 60, 40, aspect * 160, 160)
+  state, text = _message(browser)
+  assert state == 'ok', text
+  assert shown_digit(browser) == '7'
+  _open(browser, f'file://{WEB}/index.html', servers['no_cors'])
+  draw(browser, [_stroke(t) for t in texts], 60, 40, aspect * 160, 160)
+  assert _message(browser) == (
+      'error',
+      f'the server at {servers["no_cors"]} refused the page: start TF '
+      f'Serving with {CORS_FLAG}',
+  )
+
+
 # What goes wrong: one line each.
 
 
@@ -529,8 +546,12 @@ def test_a_server_that_never_answers(browser, page):
 # The stand-in's CORS, as TF Serving's REST server answers.
 
 
-def _ask(url: str, method: str, headers: dict) -> tuple[int, dict, bytes]:
-  request = urllib.request.Request(url, method=method, headers=headers)
+def _ask(
+    url: str, method: str, headers: dict, data: bytes | None = None
+) -> tuple[int, dict, bytes]:
+  request = urllib.request.Request(
+      url, data=data, method=method, headers=headers
+  )
   try:
     with urllib.request.urlopen(request, timeout=30) as answer:
       return answer.status, dict(answer.headers), answer.read()
@@ -573,6 +594,17 @@ def test_the_standin_answers_cors_as_tf_serving(servers, variant, cors):
   for origin in ({'Origin': 'null'}, {}):
     status, headers, body = _ask(predict, 'OPTIONS', origin)
     assert (status, body, _cors(headers)) == (400, b'', expected)
+  # The page's POST: its JSON as text/plain, the type that a browser sends
+  # without a preflight, from a file:// page. Answered as JSON is.
+  image = [[[0.0]] * 28] * 28
+  status, headers, body = _ask(
+      predict,
+      'POST',
+      {'Content-Type': 'text/plain;charset=UTF-8', 'Origin': 'null'},
+      json.dumps({'instances': [image]}).encode(),
+  )
+  assert (status, _cors(headers)) == (200, expected)
+  assert len(json.loads(body)['predictions'][0]['probabilities']) == 10
   # The headers on every answer of the API, errors included.
   for url in (f'{address}/v1/models/mnist', f'{address}/v1/models/absent'):
     assert _cors(_ask(url, 'GET', {})[1]) == expected
