@@ -155,13 +155,28 @@ def _message(driver) -> tuple[str, str]:
   return element.get_attribute('data-state'), element.text
 
 
+def _type_address(driver, address: str) -> None:
+  """Types `address` over the page's server field: the page asks again.
+
+  As a user types over it: all selected, then replaced (Selenium's clear()
+  would tell the page of an empty field first).
+  """
+  field = driver.find_element('id', 'address')
+  field.send_keys(Keys.CONTROL, 'a')
+  field.send_keys(address or Keys.BACKSPACE, Keys.TAB)
+  driver.execute_script('document.activeElement.blur();')
+
+
 def _open(driver, page: str, address: str) -> None:
   """Opens the page and types `address` into its server field."""
   driver.get(page)
-  field = driver.find_element('id', 'address')
-  field.clear()
-  field.send_keys(address, Keys.TAB)  # A change: the page asks again.
-  driver.execute_script('document.activeElement.blur();')
+  _type_address(driver, address)
+
+
+def _marked_invalid(driver) -> bool:
+  return driver.execute_script(
+      "return document.getElementById('address').matches(':invalid');"
+  )
 
 
 # Digits as a hand draws them: strokes of points in a unit box, x right and
@@ -541,6 +556,54 @@ def test_a_server_that_never_answers(browser, page):
         f'the server at {address} did not answer within 10 s',
     )
     assert time.monotonic() - started < 15
+
+
+# The server's address.
+
+
+def test_an_address_without_a_scheme_is_http(browser, page, servers):
+  host_port = servers['readme'].removeprefix('http://')
+  _open(browser, page, host_port)
+  assert not _marked_invalid(browser)
+  draw(browser, DIGITS[1], 100, 40, 60, 200)
+  state, text = _message(browser)
+  assert state == 'ok', text
+  assert text.startswith(f'answered by http://{host_port} (model mnist')
+
+
+@pytest.mark.parametrize(
+    'address, why',
+    [
+        ('', 'no server address'),
+        ('localhost:85 01', 'localhost:85 01 is not a server address'),
+        (
+            'ftp://localhost:8501',
+            'the page asks a server over http or https, not ftp',
+        ),
+    ],
+)
+def test_an_address_the_page_cannot_ask(browser, page, address, why):
+  """Said as it is typed, before anything is drawn; the field is marked."""
+  _open(browser, page, address)
+  assert _message(browser) == (
+      'error',
+      f'{why}: write it as host:port, e.g. localhost:8501',
+  )
+  assert _marked_invalid(browser)
+
+
+def test_https_to_a_plain_http_server(browser, page, servers):
+  """TF Serving's REST API is plain HTTP: https:// to it is said so."""
+  plain = servers['readme']
+  secure = plain.replace('http://', 'https://')
+  _open(browser, page, secure)
+  draw(browser, DIGITS[1], 100, 40, 60, 200)
+  assert _message(browser) == (
+      'error',
+      f'the server at {secure} speaks plain HTTP, not HTTPS (as TF '
+      f"Serving's REST API does): use {plain}",
+  )
+  assert not _marked_invalid(browser)
 
 
 # The stand-in's CORS, as TF Serving's REST server answers.
