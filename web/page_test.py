@@ -179,6 +179,16 @@ def _marked_invalid(driver) -> bool:
   )
 
 
+def _opacity(driver, element_id: str) -> float:
+  return float(
+      driver.execute_script(
+          'return getComputedStyle(document.getElementById(arguments[0]))'
+          '.opacity;',
+          element_id,
+      )
+  )
+
+
 # Digits as a hand draws them: strokes of points in a unit box, x right and
 # y down, drawn at a size and place on the pad, with points every few pixels.
 
@@ -345,6 +355,7 @@ def test_a_drawn_digit_is_answered(drawing_page, digit, box, kind):
   state, text = _message(drawing_page)
   assert state == 'ok', text
   assert shown_digit(drawing_page) == str(digit)
+  assert _opacity(drawing_page, 'digit') == 1  # Not shown as old.
   bars = drawing_page.find_elements('css selector', '#bars li')
   assert len(bars) == 10
   (top,) = drawing_page.find_elements('css selector', '#bars li.top')
@@ -542,20 +553,32 @@ def test_a_server_without_xla(browser, page, servers):
   )
 
 
-def test_a_server_that_never_answers(browser, page):
-  """A port that takes connections and answers nothing: 10 s, then a line."""
+def test_a_server_that_never_answers(browser, page, servers):
+  """A port that takes connections and answers nothing: 10 s, then a line.
+
+  Meanwhile the answer to the drawing before shows as old.
+  """
+  _open(browser, page, servers['readme'])
+  draw(browser, DIGITS[1], 100, 40, 60, 200)
+  assert _message(browser)[0] == 'ok'
   with socket.socket() as listener:
     listener.bind(('127.0.0.1', 0))
     listener.listen()
     address = f'http://127.0.0.1:{listener.getsockname()[1]}'
-    _open(browser, page, address)
-    draw(browser, DIGITS[1], 100, 40, 60, 200)
+    _type_address(browser, address)  # The same drawing, asked again.
     started = time.monotonic()
+    assert browser.find_element('id', 'message').text == (
+        f'asking {address} ...'
+    )
+    assert shown_digit(browser) == '1'
+    assert _opacity(browser, 'digit') < 0.5
+    assert _opacity(browser, 'bars') < 0.5
     assert _message(browser) == (
         'error',
         f'the server at {address} did not answer within 10 s',
     )
     assert time.monotonic() - started < 15
+    assert shown_digit(browser) == ''
 
 
 # The server's address.
