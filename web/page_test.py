@@ -310,7 +310,8 @@ def draw(driver, strokes, left, top, width, height, kind='mouse') -> None:
       kind,
   )
   actions = ActionBuilder(driver, mouse=pointer, duration=0)
-  scale = pad.size['width'] / PAD
+  # The drawing area's CSS pixels per pad pixel, inside the border.
+  scale = driver.execute_script('return arguments[0].clientWidth;', pad) / PAD
   for stroke in strokes:
     unit = 6 / max(width, height, 1)
     for i, (x, y) in enumerate(_along(stroke, unit)):
