@@ -630,6 +630,54 @@ def test_https_to_a_plain_http_server(browser, page, servers):
   assert not _marked_invalid(browser)
 
 
+# On a phone.
+
+
+def _on_screen(driver, width: int, height: int) -> None:
+  """Asserts that the pad, the answer's digit and the message line are seen.
+
+  All within the viewport, `width` x `height`, the page not scrolled.
+  """
+  assert driver.execute_script('return [scrollX, scrollY];') == [0, 0]
+  for element_id in ('pad', 'digit', 'message'):
+    box = driver.execute_script(
+        'return document.getElementById(arguments[0])'
+        '.getBoundingClientRect().toJSON();',
+        element_id,
+    )
+    assert 0 <= box['left'] and box['right'] <= width, (element_id, box)
+    assert 0 <= box['top'] and box['bottom'] <= height, (element_id, box)
+
+
+def test_on_a_phone_the_pad_answer_and_message_are_seen(browser, page, servers):
+  """A 400x657 viewport: the pad, the digit and the message line at once.
+
+  With an answer, and with the longest line, an error. DRAW_SCREENSHOT (as
+  docs/draw.png) also writes the first as draw_phone.png beside it.
+  """
+  size = browser.get_window_size()
+  chrome = browser.execute_script('return outerHeight - innerHeight;')
+  browser.set_window_size(400, 657 + chrome)
+  try:
+    viewport = browser.execute_script('return [innerWidth, innerHeight];')
+    assert viewport == [400, 657]
+    _open(browser, page, servers['readme'])
+    aspect, texts = TEN_DIGITS[3]
+    strokes = [_stroke(text) for text in texts]
+    draw(browser, strokes, 90, 50, aspect * 180, 180, kind='touch')
+    assert _message(browser)[0] == 'ok'
+    assert shown_digit(browser) == '3'
+    _on_screen(browser, *viewport)
+    if path := os.environ.get('DRAW_SCREENSHOT'):
+      phone = os.path.join(os.path.dirname(path), 'draw_phone.png')
+      assert browser.save_screenshot(os.path.join(ROOT, phone))
+    _type_address(browser, servers['no_xla'])
+    assert _message(browser)[0] == 'error'
+    _on_screen(browser, *viewport)
+  finally:
+    browser.set_window_size(size['width'], size['height'])
+
+
 # The stand-in's CORS, as TF Serving's REST server answers.
 
 
