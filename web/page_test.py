@@ -1,13 +1,14 @@
 """Tests of web/index.html in a real browser: headless Chromium, Selenium.
 
 The page is served as README.md serves it (Python's http.server, over HTTP),
-and asks tools/serving_standin.py, started with the flags README.md gives TF
-Serving (read from README.md), on a model trained for one short epoch by the
-fixtures (conftest.py's reading_export), which reads MNIST's digits well.
-Digits are drawn as a hand draws them, pointer down, moves, up, with a mouse,
-a pen and a finger, at several sizes and places; the test reads the digit the
-page shows. Other stand-ins, without CORS support or without XLA, and a
-closed port give the page's one-line messages.
+or opened as a file, and asks tools/serving_standin.py, started with the
+flags README.md gives TF Serving (read from README.md), on a model trained
+for one short epoch by the fixtures (conftest.py's reading_export), which
+reads MNIST's digits well. Digits are drawn as a hand draws them, pointer
+down, moves, up, with a mouse, a pen and a finger, ten of them at each of
+four heights, anywhere on the pad; the test reads the digit the page shows.
+Other stand-ins, without CORS support or without XLA, closed ports and bad
+addresses give the page's one-line messages; a phone's viewport, its layout.
 
 Chromium and its driver are Debian's (`apt-get install -y chromium
 chromium-driver`); where they are missing the tests are skipped, saying so,
@@ -15,7 +16,8 @@ except in CI (CI=true), where they fail. Selenium runs offline: it is handed
 the driver and the browser, and downloads nothing.
 
 DRAW_SCREENSHOT=docs/draw.png writes the screenshot of README.md: the page,
-answering a digit drawn here.
+answering a digit drawn here; and, beside it, draw_phone.png: the page in a
+phone's viewport.
 """
 
 import functools
