@@ -616,6 +616,9 @@ def test_an_address_the_page_cannot_ask(browser, page, address, why):
       f'{why}: write it as host:port, e.g. localhost:8501',
   )
   assert _marked_invalid(browser)
+  if address:  # Remembered, and marked as the page opens again.
+    browser.refresh()
+    assert _marked_invalid(browser)
 
 
 def test_https_to_a_plain_http_server(browser, page, servers):
