@@ -30,13 +30,22 @@ the server does, in TensorFlow's own code:
   an empty body when its Origin header holds http:// or https:// (anywhere
   in it, not only at its start), else 400 and an empty body; without the flag
   the 200 lacks the headers, so a browser refuses to send the request.
+- A request's Content-Type is not read: a POST's body is parsed as JSON
+  whatever type it claims. So the POST that a browser sends without a
+  preflight (a text/plain body) is answered as a JSON one, from a page of
+  any origin, a file's (Origin: null) included.
 
 The CORS behaviour follows these files of tensorflow/serving, under
 tensorflow_serving/:
 - model_servers/main.cc: the flag; model_servers/server.cc hands it to the
   server core.
 - model_servers/http_server.cc: the REST dispatcher (paths matching
-  (?i)/v1/.*), the OPTIONS rule, the headers added to every answer.
+  (?i)/v1/.*); its ProcessRequest (lines 152-203 at the 2.20.0 tag), which
+  reads no header but an OPTIONS request's Origin (170-177), hands every
+  other request's method, path and body to the handler (179-181), and adds
+  the CORS headers to every answer (183-185).
+- model_servers/http_rest_api_handler.cc: ProcessRequest (lines 65-109),
+  which dispatches on the method and path alone, the body parsed as JSON.
 - model_servers/http_rest_api_util.cc: the headers.
 - util/net_http/server/internal/evhttp_server.cc: OPTIONS let through to the
   dispatcher; paths that no handler takes answered 404.
