@@ -190,15 +190,9 @@ def _trained_for_one_epoch(config):
   size = len(data['label'])
   order = input_pipeline.epoch_order(config.seed, 1, size, config.batch_size)
   optimizer = train.create_optimizer(model, config, len(order))
-  train.train_epoch(
-      model,
-      optimizer,
-      train.create_metrics(),
-      data,
-      order,
-      mesh=parallel.create_mesh(),
-      steps_per_call=config.steps_per_call,
-  )
+  objects = (model, optimizer, train.create_metrics())
+  mesh = parallel.create_mesh()
+  train.train_epoch(objects, data, order, mesh, config.steps_per_call)
   flax_model = train.create_model(config)  # Flax's own kernels, as exported.
   nnx.update(flax_model, nnx.state(model))
   flax_model.eval()

@@ -18,6 +18,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 from run import config_checks
 from run import errors
+from run import progress
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.download import download_manager
 
@@ -154,6 +155,7 @@ def split_arrays(config, split: str) -> sources.Arrays:
   }
 
 
+@progress.timed('data')
 def load(config) -> tuple[sources.Arrays, sources.Arrays]:
   """This process's share of the training split, and the whole test split.
 

@@ -85,16 +85,14 @@ def timed_phases(start: float) -> collections.Counter:
   return seconds
 
 
-def report(
-    config, workdir: str, seconds, loop: str, precision: str, start=_START
-) -> None:
+def report(config, workdir: str, seconds, precision: str) -> None:
   """Prints the figures of the run in `workdir`; exits 1 if it fell short."""
   peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   events = event_accumulator.EventAccumulator(
       workdir, {event_accumulator.TENSORS: 0}  # All of them.
   ).Reload()
-  result = summarize(events, time.perf_counter() - start, peak_rss_mb, seconds)
-  result.update(config=config.to_dict(), loop=loop, matmul_precision=precision)
+  result = summarize(events, time.perf_counter() - _START, peak_rss_mb, seconds)
+  result.update(config=config.to_dict(), matmul_precision=precision)
   for key, value in result.items():
     if key != 'config':
       print(f'{key}: {value}')
@@ -111,7 +109,7 @@ def run(argv) -> None:
   seconds = timed_phases(_START)
   main.main(argv)
   precision = cpu_layers.matmul_precision(FLAGS.config)
-  report(FLAGS.config, FLAGS.workdir, seconds, 'ours', precision)
+  report(FLAGS.config, FLAGS.workdir, seconds, precision)
 
 
 if __name__ == '__main__':

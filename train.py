@@ -136,31 +136,21 @@ def create_metrics() -> nnx.MultiMetric:
   )
 
 
+@progress.timed('train')
 def train_epoch(
-    model: CNN,
-    optimizer: nnx.Optimizer,
-    metrics: nnx.MultiMetric,
-    data,
-    indices,
-    *,
-    mesh,
-    steps_per_call: int,
-    step: int = 0,
-    on_steps=None,
-    stop=lambda: False,
+    objects, data, indices, mesh, steps_per_call: int, step=0, on_steps=None
 ) -> int:
-  """Trains the model on the batches `data[indices]`.
+  """Trains `objects`, (model, optimizer, metrics), on `data[indices]`.
 
   `indices`: `(steps, batch / process count)` indices into this process's
   share; each step trains on the union of the processes' batches, `step`
   the run's at `indices[0]`. After each dispatch of `steps_per_call` steps,
-  its losses are checked (a NaN would spread silently), `on_steps(step)`
-  reports, and `stop()` says whether to stop (on any process: all stop at
-  the same step). Returns the step reached; raises NonFiniteLoss for the
-  first NaN or infinite loss.
+  its losses are checked (a NaN would spread silently), and `on_steps(step)`
+  reports, and says whether to stop (the same on every process). Returns
+  the step reached; raises NonFiniteLoss for the first non-finite loss.
   """
-  model.train()
-  graphdef, state = nnx.split((model, optimizer, metrics))
+  objects[0].train()
+  graphdef, state = nnx.split(objects)
   done = 0
   try:
     while done < len(indices):
@@ -173,15 +163,14 @@ def train_epoch(
       if bad.size:
         raise NonFiniteLoss(step + done + int(bad[0]), float(losses[bad[0]]))
       done += len(chunk)
-      if on_steps:
-        on_steps(step + done)
-      if parallel.any_process(stop()):
+      if on_steps and on_steps(step + done):
         break
   finally:
-    nnx.update((model, optimizer, metrics), state)
+    nnx.update(objects, state)
   return step + done
 
 
+@progress.timed('evaluation')
 def evaluate(model, metrics, batches) -> tuple[dict[str, float], np.ndarray]:
   """Metrics over all of `batches`, and all processes' predictions, unpadded."""
   model.eval()
@@ -234,11 +223,8 @@ def _nan_as_error(config, checkpoint_manager, steps_per_epoch: int):
 def train_and_evaluate(
     config: ml_collections.ConfigDict, workdir: str, stop=lambda: False
 ) -> dict[str, float]:
-  """Execute model training and evaluation loop.
-
-  Resumes from `workdir`'s newest checkpoint; `stop()`, asked after each
-  dispatch of steps, ends the run there with a checkpoint (`Stopped`).
-  """
+  """Execute model training and evaluation loop, from `workdir`'s newest
+  checkpoint; `stop()`, asked after each dispatch, ends the run there."""
   # Here: TFDS, orbax, clu and TensorFlow take seconds; the steps need none.
   # pylint: disable=g-import-not-at-top
   import input_pipeline
@@ -248,8 +234,7 @@ def train_and_evaluate(
   # A checkpoint of another config is an error before the data loads.
   checkpoints.restore_newest(checkpoint_manager, config)
   mesh = parallel.create_mesh()
-  with progress.timed('data'):
-    train_data, test_data = input_pipeline.load(config)
+  train_data, test_data = input_pipeline.load(config)
   steps_per_epoch = input_pipeline.steps_per_epoch(config, train_data)
   test_batches = input_pipeline.eval_batches(test_data, config.eval_batch_size)
   test_batches = parallel.global_batches(mesh, test_batches, whole=True)
@@ -257,80 +242,53 @@ def train_and_evaluate(
   model = create_model(config, cpu_layers.for_config(config))
   optimizer = create_optimizer(model, config, steps_per_epoch)
   metrics = create_metrics()
-  step, summary = checkpoints.resume(
-      checkpoint_manager, config, model, optimizer, metrics
-  )
-  state = nnx.state((model, optimizer, metrics))
-  nnx.update((model, optimizer, metrics), parallel.replicate(state, mesh))
+  objects = (model, optimizer, metrics)
+  step, summary = checkpoints.resume(checkpoint_manager, config, *objects)
+  nnx.update(objects, parallel.replicate(nnx.state(objects), mesh))
   writer = summaries.create_writer(workdir, config, nnx.state(model, nnx.Param))
-  epoch_progress = progress.EpochProgress(config, steps_per_epoch, writer)
+  report = progress.EpochProgress(config, steps_per_epoch, writer, stop)
   rate = learning_rate(config, steps_per_epoch)
+  steps_per_call = cpu_layers.steps_per_call(config)
 
   for epoch in range(step // steps_per_epoch + 1, config.num_epochs + 1):
-    indices = input_pipeline.epoch_rest(
-        config, step, steps_per_epoch, train_data
-    )
-    epoch_progress.start(epoch, step)
-    nan_as_error = _nan_as_error(config, checkpoint_manager, steps_per_epoch)
-    with nan_as_error, progress.timed('train'):
-      step = train_epoch(
-          model,
-          optimizer,
-          metrics,
-          train_data,
-          indices,
-          mesh=mesh,
-          steps_per_call=cpu_layers.steps_per_call(config),
-          step=step,
-          on_steps=epoch_progress,
-          stop=stop,
-      )
-    epoch_progress.end()
+    order = input_pipeline.epoch_rest(config, step, steps_per_epoch, train_data)
+    with _nan_as_error(config, checkpoint_manager, steps_per_epoch):
+      with report.epoch(epoch, step):
+        step = train_epoch(
+            objects, train_data, order, mesh, steps_per_call, step, report
+        )
     last = epoch == config.num_epochs
     stopped = step < epoch * steps_per_epoch  # Within the epoch.
     if not stopped:
       summary = {f'train_{k}': v for k, v in compute_metrics(metrics).items()}
-      with progress.timed('evaluation'):
-        test, predicted = evaluate(model, metrics, test_batches)
+      test, predicted = evaluate(model, metrics, test_batches)
       summary.update({f'test_{k}': v for k, v in test.items()})
       logging.info('%s', format_epoch(epoch, summary))
-      scalars = dict(
-          summary, train_images_per_sec=epoch_progress.images_per_sec
-      )
+      scalars = {'train_images_per_sec': report.images_per_sec}
       if callable(rate):  # A constant one is a hyperparameter.
         scalars['learning_rate'] = float(rate(step - 1))
-      with progress.timed('summaries'):
-        summaries.write_epoch(
-            writer, epoch, scalars, test_data, predicted, last=last
-        )
+      summaries.write_epoch(
+          writer, epoch, summary | scalars, test_data, predicted, last=last
+      )
       stopped = parallel.any_process(stop()) and not last
     if stopped or last or epoch % config.checkpoint_every_epochs == 0:
-      with progress.timed('checkpoint'):
-        position = checkpoints.save(
-            checkpoint_manager,
-            step,
-            config,
-            steps_per_epoch,
-            summary,
-            model=model,
-            optimizer=optimizer,
-            train_metrics=metrics,
-        )
-    if stopped:
-      raise stop_signals.Stopped(
-          f'stopped ({position}) with a checkpoint in '
-          f'{checkpoint_manager.directory}: rerun the same command to resume'
+      at = checkpoints.save(
+          checkpoint_manager, step, config, steps_per_epoch, summary, objects
       )
-  if jax.process_index() == 0:
-    export(model, config, workdir)
+    if stopped:
+      raise stop_signals.Stopped(at, checkpoint_manager.directory)
+  export(model, config, workdir)
   return summary
 
 
-def export(model: CNN, config, workdir: str) -> str:
-  """Exports `model`'s state as the next SavedModel, in Flax's own layers.
+def export(model: CNN, config, workdir: str) -> str | None:
+  """Exports `model`'s state as the next SavedModel, in Flax's own layers,
+  from the first process (the others return None).
 
   Those compute in float32 on every platform the SavedModel runs on.
   """
+  if jax.process_index():
+    return None
   # Here: TensorFlow, which the steps do not need.
   from serving import export as saved_model  # pylint: disable=g-import-not-at-top
 

@@ -33,10 +33,12 @@ def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
   )
 
 
+@progress.timed('checkpoint')
 def save(
-    checkpoint_manager, step: int, config, steps_per_epoch, summary, **objects
+    checkpoint_manager, step: int, config, steps_per_epoch, summary, objects
 ):
-  """Saves `objects` (model=..., ...) at `step`; returns its position."""
+  """Saves `objects`, (model, optimizer, metrics), at `step`; returns where."""
+  objects = dict(zip(('model', 'optimizer', 'train_metrics'), objects))
   epoch = step // steps_per_epoch
   meta = {'step': step, 'epoch': epoch, 'steps_per_epoch': steps_per_epoch}
   meta.update(config=config.to_dict(), summary=summary)

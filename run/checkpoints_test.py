@@ -42,9 +42,9 @@ def test_restore_gives_back_every_value_and_the_json(tmp_path):
   )
   saved = checkpoints.manager(str(tmp_path))
   summary = {'test_accuracy': 0.5}
-  objects = dict(model=model, optimizer=optimizer, train_metrics=metrics)
+  objects = (model, optimizer, metrics)
   assert (
-      checkpoints.save(saved, 7, _config(0), 2, summary, **objects)
+      checkpoints.save(saved, 7, _config(0), 2, summary, objects)
       == 'step 7, in epoch 4'
   )
 
@@ -75,9 +75,7 @@ def test_a_checkpoint_cut_short_is_not_listed(tmp_path):
       _config(0),
       3,
       None,
-      model=model,
-      optimizer=optimizer,
-      train_metrics=metrics,
+      (model, optimizer, metrics),
   )
   # What orbax leaves behind when the process dies while it writes step 5.
   unfinished = tmp_path / 'checkpoints' / '5.orbax-checkpoint-tmp-1234'

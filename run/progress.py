@@ -10,6 +10,7 @@ import functools
 import time
 
 import jax
+from run import parallel
 
 EVENT = '/mnist/phase/'  # + the phase's name.
 
@@ -35,12 +36,15 @@ def timed(phase: str):
 
 
 class EpochProgress:
-  """The `on_steps` callback of `train.train_epoch`, for one epoch at a time.
+  """The `on_steps` callback of `train.train_epoch`, within `epoch(...)`.
 
+  It reports the steps, and says whether to stop: `stop()` on any process.
   `report` stands in for clu's ReportProgress, `stream` for stderr.
   """
 
-  def __init__(self, config, steps_per_epoch, writer, report=None, stream=None):
+  def __init__(
+      self, config, steps_per_epoch, writer, stop, report=None, stream=None
+  ):
     # Here: clu imports TensorFlow; train.py's steps need neither it nor tqdm.
     # pylint: disable=g-import-not-at-top
     from clu import periodic_actions
@@ -59,32 +63,35 @@ class EpochProgress:
         disable=None,  # Off a terminal.
         dynamic_ncols=True,
     )
-    self._config, self._writer = config, writer
+    self._config, self._writer, self._stop = config, writer, stop
     self._steps_per_epoch = steps_per_epoch
 
-  def start(self, epoch: int, step: int) -> None:
-    """Starts `epoch` (from 1) at the run's global `step`."""
+  @contextlib.contextmanager
+  def epoch(self, epoch: int, step: int):
+    """`epoch` (from 1), from the run's global `step`; its bar left on its
+    own line after."""
     desc = f'epoch {epoch}/{self._config.num_epochs}'
     initial = step - (epoch - 1) * self._steps_per_epoch
     self._bar = self._new_bar(desc=desc, initial=initial)
     self._first = self._last = step
     self._start = self._last_time = time.perf_counter()
+    try:
+      yield
+    finally:
+      self._bar.close()
 
-  def __call__(self, step: int) -> None:
-    """Reports the run's global `step` reached, in the current epoch."""
+  def __call__(self, step: int) -> bool:
+    """Reports the run's global `step` reached; whether to stop there."""
     self._bar.clear()  # A no-op off a terminal.
     if self._report(step) and self._writer and not self._bar.disable:
       self._writer.flush()  # Its log lines, before the bar is redrawn.
     self._bar.update(step - self._last)
     self._last, self._last_time = step, time.perf_counter()
     self._bar.set_postfix_str(f'{self.images_per_sec:.0f} images/s')
+    return parallel.any_process(self._stop())
 
   @property
   def images_per_sec(self) -> float:
     """Training images a second, from the epoch's start to the last report."""
     seconds = self._last_time - self._start
     return (self._last - self._first) * self._config.batch_size / seconds
-
-  def end(self) -> None:
-    """Leaves the epoch's last bar on its own line."""
-    self._bar.close()

@@ -47,12 +47,11 @@ def _run_epoch(tty: bool, epoch: int = 2):
   report = FakeReport(stream)
   config = ml_collections.ConfigDict({'num_epochs': 3, 'batch_size': 128})
   display = progress.EpochProgress(
-      config, 10, report, report=report, stream=stream
+      config, 10, report, lambda: False, report=report, stream=stream
   )
-  display.start(epoch, 10 * (epoch - 1))
-  for step in (14, 18, 20):  # Steps of the run: epoch 2 starts after 10.
-    display(step)
-  display.end()
+  with display.epoch(epoch, 10 * (epoch - 1)):
+    for step in (14, 18, 20):  # Steps of the run: epoch 2 starts after 10.
+      assert display(step) is False
   return display, report, stream.getvalue()
 
 

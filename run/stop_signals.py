@@ -27,6 +27,12 @@ GRACE_SECS = 5  # For a process interrupted before training to end itself.
 class Stopped(Exception):
   """The run stopped when asked to, after saving a checkpoint to resume from."""
 
+  def __init__(self, at: str, directory):
+    super().__init__(
+        f'stopped ({at}) with a checkpoint in {directory}: rerun the same '
+        'command to resume'
+    )
+
 
 class StopSignals:
   """SIGTERM and SIGINT for the process; training begins at the first `asked`."""

@@ -16,6 +16,7 @@ import numpy as np
 from PIL import Image
 from PIL import ImageDraw
 from run import errors
+from run import progress
 from tensorboard.backend.event_processing import event_accumulator
 import tensorflow as tf
 
@@ -136,6 +137,7 @@ def confusion_matrix_image(matrix: np.ndarray, title: str = '') -> np.ndarray:
   return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
+@progress.timed('summaries')
 def write_epoch(writer, epoch, scalars, test, predicted, *, last) -> None:
   """All of an epoch's summaries, flushed, before the epoch's checkpoint."""
   writer.write_scalars(epoch, scalars)

@@ -1,4 +1,5 @@
-"""Tests for tools/compare_runs.py, with small Python programs as commands."""
+"""The benchmark: steps where only JAX, Flax and optax are installed, and
+whole commands (small Python programs here) timed in turns."""
 
 import json
 import os
@@ -8,8 +9,47 @@ import subprocess
 import sys
 
 import pytest
+from tools import benchmark
 
-from tools import compare_runs
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What a machine with JAX, Flax, optax, NumPy, absl and ml_collections alone
+# lacks, among what the project installs.
+ABSENT = (
+    'tensorflow',
+    'tensorflow_datasets',
+    'clu',
+    'orbax',
+    'tqdm',
+    'filelock',
+    'PIL',
+    'matplotlib',
+    'grpc',
+    'tensorflow_serving',
+)
+SCRIPT = f"""
+import runpy, sys
+for name in {ABSENT!r}:
+  sys.modules[name] = None  # Its import fails, as where it is not installed.
+sys.argv = ['benchmark', *sys.argv[1:]]
+runpy.run_module('tools.benchmark', run_name='__main__')
+"""
+
+
+def test_the_levers_time_in_turns_without_tensorflow_tfds_clu_or_orbax():
+  result = subprocess.run(
+      [sys.executable, '-c', SCRIPT, '--variants=levers', '--steps=2']
+      + ['--rounds=2'],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      timeout=300,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  timed = json.loads(result.stdout.strip().splitlines()[-1])
+  assert list(timed) == list(benchmark.LEVERS)
+  for variant in timed.values():
+    assert len(variant['ms_per_step']) == 2 and variant['median'] > 0
+  assert timed['ours, float32, 32-bit dropout bits']['pairs'] == [1.0, 1.0]
 
 
 def _trainer(seconds_per_epoch: float, epochs: int = 2) -> list[str]:
@@ -25,15 +65,21 @@ def _trainer(seconds_per_epoch: float, epochs: int = 2) -> list[str]:
   return [sys.executable, '-c', program, '{workdir}']
 
 
+def _timers(runs: dict, epoch: int) -> dict:
+  return {
+      name: lambda n=name, a=argv: benchmark.run_once(n, a, epoch)
+      for name, argv in runs.items()
+  }
+
+
 def test_parse_runs_names_each_command():
-  runs = compare_runs.parse_runs(['a=python main.py --x=1', 'b b=ls -l'])
+  runs = benchmark.parse_runs(['a=python main.py --x=1', 'b b=ls -l'])
   assert runs == {'a': ['python', 'main.py', '--x=1'], 'b b': ['ls', '-l']}
 
 
 @pytest.mark.parametrize(
     'specs, message',
     [
-        ([], 'no --run given'),
         (['main.py'], "--run='main.py': expected NAME=COMMAND"),
         (['a= '], "--run='a= ': expected NAME=COMMAND"),
         (['a=ls', 'a=pwd'], "--run='a=pwd': the name 'a' is taken"),
@@ -41,29 +87,27 @@ def test_parse_runs_names_each_command():
 )
 def test_parse_runs_rejects(specs, message):
   with pytest.raises(ValueError, match='^' + re.escape(message)):
-    compare_runs.parse_runs(specs)
+    benchmark.parse_runs(specs)
 
 
-def test_compare_times_the_epoch_between_its_line_and_the_one_before():
+def test_an_epoch_is_timed_from_the_line_before_its_own():
   runs = {'slow': _trainer(0.6, 3), 'fast': _trainer(0.1)}
-  summary = compare_runs.compare(runs, rounds=2, epoch=2)
+  summary = benchmark.alternate(_timers(runs, 2), rounds=2, key='seconds')
   slow, fast = summary['slow'], summary['fast']
-  assert summary['timed'] == 'epoch 2'
-  assert all(0.6 <= s < 3 for s in slow['runs']), slow
-  assert all(0.1 <= s < 0.6 for s in fast['runs']), fast
+  assert all(0.6 <= s < 3 for s in slow['seconds']), slow
+  assert all(0.1 <= s < 0.6 for s in fast['seconds']), fast
   assert slow['pairs'] == [1.0, 1.0]
   assert all(p > 1.5 for p in fast['pairs']), fast
   assert slow['test_accuracy'] == fast['test_accuracy'] == [98.5, 98.5]
-  assert all(gb > 0 for gb in fast['peak_rss_gb'])
 
 
-def test_the_command_line_reports_each_command_s_peak_rss():
-  program = "b = b'x' * 300_000_000; print('epoch: 1, test_accuracy: 9.5')"
+def test_whole_commands_their_peak_rss_and_last_accuracy():
+  program = "b = b'x' * 300_000_000; print('epoch: 3, test_accuracy: 9.5')"
   out = subprocess.run(
       [
           sys.executable,
           '-m',
-          'tools.compare_runs',
+          'tools.benchmark',
           '--rounds=1',
           '--epoch=0',
           f'--run=big={shlex.join([sys.executable, "-c", program])}',
@@ -71,18 +115,12 @@ def test_the_command_line_reports_each_command_s_peak_rss():
       capture_output=True,
       text=True,
       check=True,
+      cwd=ROOT,
   ).stdout
   big = json.loads(out.splitlines()[-1])['big']
   # 300 MB, Python's own, and this tool's from before the command's exec.
-  assert 0.29 < big['peak_rss_gb'][0] < 0.4, big
-  assert big['test_accuracy'] == [9.5]
-
-
-def test_compare_times_whole_commands_with_epoch_0():
-  summary = compare_runs.compare({'one': _trainer(0.1, 3)}, rounds=1, epoch=0)
-  assert summary['timed'] == 'whole command'
-  assert 0.3 <= summary['one']['seconds'] < 5
-  assert summary['one']['test_accuracy'] == [98.75]  # The last epoch's.
+  assert 0.29 < big['peak_rss_gb'][0] < 0.5, big
+  assert big['test_accuracy'] == [9.5] and big['seconds'][0] > 0
 
 
 def test_each_run_gets_a_new_workdir_removed_after(tmp_path):
@@ -94,7 +132,7 @@ def test_each_run_gets_a_new_workdir_removed_after(tmp_path):
       "print('epoch: 1, test_accuracy: 99.00')\n"
   )
   runs = {'a': [sys.executable, '-c', program, '{workdir}']}
-  compare_runs.compare(runs, rounds=2, epoch=1)
+  benchmark.alternate(_timers(runs, 1), rounds=2, key='seconds')
   workdirs = record.read_text().split()
   assert len(set(workdirs)) == 2
   assert not any(os.path.exists(w) for w in workdirs)
@@ -109,27 +147,8 @@ def test_each_run_gets_a_new_workdir_removed_after(tmp_path):
 )
 def test_a_failed_command_is_an_error_naming_it(argv, why, capsys):
   with pytest.raises(RuntimeError) as error:
-    compare_runs.compare({'bad': argv}, rounds=1, epoch=2)
+    benchmark.run_once('bad', argv, 2)
   assert str(error.value).startswith("'bad' (" + shlex.join(argv[:1]))
   assert str(error.value).endswith(why)
   if argv[-1] == '{workdir}':  # Its output, for the reason.
     assert 'epoch:  1' in capsys.readouterr().err
-
-
-def test_stolen_seconds_reads_the_eighth_count_of_the_cpu_line(tmp_path):
-  ticks = os.sysconf('SC_CLK_TCK')
-  stat = tmp_path / 'stat'
-  stat.write_text(f'cpu  10 0 5 900 1 0 2 {3 * ticks} 0 0\ncpu0 1 2 3\n')
-  assert compare_runs.stolen_seconds(str(stat)) == 3.0
-  stat.write_text('cpu  10 0 5 900\n')  # A kernel without the count.
-  assert compare_runs.stolen_seconds(str(stat)) is None
-  assert compare_runs.stolen_seconds(str(tmp_path / 'missing')) is None
-
-
-def test_compare_reports_the_seconds_stolen_during_each_run():
-  summary = compare_runs.compare({'a': _trainer(0.1)}, rounds=1, epoch=2)
-  (stolen,) = summary['a']['stolen_seconds']
-  if compare_runs.stolen_seconds() is None:
-    assert stolen is None
-  else:
-    assert stolen >= 0
