@@ -18,6 +18,8 @@ PNG, JPEG = list(BYTES_FORMATS).index('PNG'), list(BYTES_FORMATS).index('JPEG')
 
 # Pillow's fixed-point resampling of 8-bit images (libImaging/Resample.c).
 PRECISION_BITS = 22
+# Pixels of a block of rows that `_across` resamples at a time.
+BLOCK_PIXELS = 2**20
 # Bytes read for the checks: BMP's width and height end at byte 26, PNG's at
 # 24. A shorter input is none of the three.
 HEADER_BYTES = 26
@@ -43,32 +45,56 @@ def pillow_bilinear_weights(in_size: tf.Tensor, out_size: int) -> tf.Tensor:
   return tf.floor(weights * 2**PRECISION_BITS + 0.5)
 
 
+def _rounded(total: tf.Tensor) -> tf.Tensor:
+  """Pillow's fixed-point sums rounded to 8 bits."""
+  total += 2 ** (PRECISION_BITS - 1)
+  return tf.clip_by_value(tf.floor(total / 2**PRECISION_BITS), 0.0, 255.0)
+
+
 def _resample(pixels: tf.Tensor) -> tf.Tensor:
   """One pass of Pillow's resize, of the rows, rounded to 8 bits; transposed."""
   weights = pillow_bilinear_weights(tf.shape(pixels)[1], IMAGE_SIZE)
-  total = tf.matmul(pixels, weights) + 2 ** (PRECISION_BITS - 1)
-  pixels = tf.clip_by_value(tf.floor(total / 2**PRECISION_BITS), 0.0, 255.0)
-  return tf.transpose(pixels)
+  return tf.transpose(_rounded(tf.matmul(pixels, weights)))
+
+
+def _across(image: tf.Tensor) -> tf.Tensor:
+  """`_resample` of the image's luma (`_grey`), a block of rows at a time.
+
+  Each block's buffers are small enough for the allocator to keep and reuse:
+  the whole image's would be mapped afresh, and faulted in page by page,
+  for every request.
+  """
+  height, width = tf.shape(image)[0], tf.shape(image)[1]
+  weights = pillow_bilinear_weights(width, IMAGE_SIZE)
+  rows = tf.maximum(BLOCK_PIXELS // width, 1)
+  count = (height + rows - 1) // rows
+
+  def block(i, done):
+    luma = _grey(image[i * rows : (i + 1) * rows])
+    return i + 1, done.write(i, _rounded(tf.matmul(luma, weights)))
+
+  done = tf.TensorArray(
+      tf.float64, count, infer_shape=False, element_shape=[None, IMAGE_SIZE]
+  )
+  _, done = tf.while_loop(lambda i, _: i < count, block, (0, done))
+  return tf.transpose(done.concat())
 
 
 def _grey(image: tf.Tensor) -> tf.Tensor:
   """The `(height, width)` float64 luma of decoded pixels, as Pillow's 'L'.
 
-  Grey (with or without alpha) is its own luma. Colour's weighted sum is a
-  1x1 convolution, in float32, in which its integers are exact (under 2**24),
-  and the one op that reads the image once.
+  Grey (with or without alpha) is its own luma.
   """
 
   def luma():
-    channels = tf.shape(image)[-1]
-    weights = tf.constant([19595.0, 38470.0, 7471.0, 0.0])[:channels]
-    pixels = tf.cast(image, tf.float32)[None]
-    total = tf.nn.conv2d(pixels, tf.reshape(weights, [1, 1, -1, 1]), 1, 'VALID')
-    luma = tf.floor((total[0, ..., 0] + 2**15) / 2**16)
-    return tf.cast(luma, tf.float64)
+    weighted = [
+        tf.cast(image[..., i], tf.int32) * weight
+        for i, weight in enumerate([19595, 38470, 7471])
+    ]
+    return tf.bitwise.right_shift(tf.add_n(weighted) + 2**15, 16)
 
-  grey = lambda: tf.cast(image[..., 0], tf.float64)
-  return tf.cond(tf.shape(image)[-1] < 3, grey, luma)
+  grey = lambda: tf.cast(image[..., 0], tf.int32)
+  return tf.cast(tf.cond(tf.shape(image)[-1] < 3, grey, luma), tf.float64)
 
 
 def _uint(header: tf.Tensor, offset: int, length: int, big_endian=False):
@@ -208,7 +234,7 @@ def _prepare(encoded: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
       ],
   )
   # Across, then down; an image of 28x28 already is left as it is.
-  pixels = _resample(_resample(_grey(image)))
+  pixels = _resample(_across(image))
   return tf.gather(PIXEL_VALUES, tf.cast(pixels, tf.int32))[..., None]
 
 
