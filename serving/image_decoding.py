@@ -11,7 +11,7 @@ progressive decoder passes over the whole image once per scan), and the
 pixels that a request's images claim together.
 """
 
-from serving.signatures import BOUND, BYTES_FORMATS, FORMATS, IMAGE_SIZE, MAX_JPEG_SCANS, MAX_PIXELS, MAX_REQUEST_PIXELS, MAX_SIDE, PIXEL_VALUES, PNG_BOUND, PNG_CHANNELS, MAX_PNG_BYTES, REQUEST_BOUND, SCANS_BOUND
+from serving.signatures import BOUND, BYTES_FORMATS, FORMATS, IMAGE_SIZE, MAX_JPEG_SCANS, MAX_PIXELS, MAX_REQUEST_IMAGES, MAX_REQUEST_PIXELS, MAX_SIDE, PIXEL_VALUES, PNG_BOUND, PNG_CHANNELS, MAX_PNG_BYTES, REQUEST_BOUND, SCANS_BOUND
 import tensorflow as tf
 
 PNG, JPEG = list(BYTES_FORMATS).index('PNG'), list(BYTES_FORMATS).index('JPEG')
@@ -242,9 +242,16 @@ def _prepare(encoded: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
 def decode(encoded: tf.Tensor) -> tf.Tensor:
   """A `(n,)` batch of encoded images as a `(n, 28, 28, 1)` float32 batch.
 
-  Every image is checked, and the pixels they claim together, before any is
-  decoded; then one at a time: a request of many costs the memory of one.
+  Their number, every image, and the pixels they claim together are
+  checked before any is decoded; then one at a time: a request of many
+  costs the decoding memory of one.
   """
+  count = tf.size(encoded)
+  many = tf.strings.format('the request holds {} images', count)
+  many += f'; the model decodes at most {MAX_REQUEST_IMAGES} a request'
+  check = tf.debugging.Assert(count <= MAX_REQUEST_IMAGES, [many])
+  with tf.control_dependencies([check]):
+    encoded = tf.identity(encoded)
   index, pixels = tf.map_fn(
       _checked, encoded, fn_output_signature=(tf.int32, tf.int64)
   )

@@ -80,10 +80,10 @@ def test_resize_weights_sum_to_one_in_fixed_point(in_size, out_size):
   assert np.all(error <= (weights > 0).sum(0) / 2)
 
 
-def _refusal(data: bytes) -> str:
-  """The line of the assertion that refuses `data`."""
+def _refusal(data: bytes, request=None) -> str:
+  """The line of the assertion that refuses `data` (or the whole `request`)."""
   with pytest.raises(tf.errors.InvalidArgumentError) as refused:
-    image_decoding.decode(tf.constant([data]))
+    image_decoding.decode(tf.constant(request or [data]))
   return refused.value.message.split('assertion failed: [')[1].split(']')[0]
 
 
@@ -226,6 +226,14 @@ def test_a_request_over_the_budget_is_refused_in_one_line(tmp_path):
   ] == (
       'the images claim 83886080 pixels in all; the model decodes at most '
       '67108864 pixels a request (four 4096x4096 images)'
+  )
+
+
+def test_a_request_of_too_many_images_is_refused_in_one_line():
+  png = _encoded((1, 1), 'L', 'PNG', 0)
+  assert image_decoding.decode(tf.constant([png] * 256)).shape[0] == 256
+  assert _refusal(None, [png] * 257) == (
+      'the request holds 257 images; the model decodes at most 256 a request'
   )
 
 

@@ -55,8 +55,10 @@ PNG_BOUND = (
 )
 # A request's images together, by the pixels their headers claim: four
 # images of the bound, so that a request costs at most four times the worst
-# image.
+# image. And by their number: the model's activations take about 100 KB an
+# image, however few bytes the image was sent in.
 MAX_REQUEST_PIXELS = 4 * MAX_PIXELS
+MAX_REQUEST_IMAGES = 256
 REQUEST_BOUND = (
     f'at most {MAX_REQUEST_PIXELS} pixels a request (four 4096x4096 images)'
 )

@@ -229,10 +229,15 @@ def costs(servable) -> None:
     row = _in_fresh_process([kinds[worst](each)] * count)
     name = f'{count} x {worst}, {each}x{each}'
     print(json.dumps({'request': name, **row}), flush=True)
-  # The most images for their bytes: each costs its own checks and decoding.
+  # The most images for their bytes, each with its own checks, decoding and
+  # activations; one more is refused.
   tiny = _encoded(Image.new('L', (1, 1)), 'PNG')
-  row = _in_fresh_process([tiny] * 4096)
-  print(json.dumps({'request': '4096 x PNG, 1x1', **row}), flush=True)
+  for count in (
+      signatures.MAX_REQUEST_IMAGES,
+      signatures.MAX_REQUEST_IMAGES + 1,
+  ):
+    row = _in_fresh_process([tiny] * count)
+    print(json.dumps({'request': f'{count} x PNG, 1x1', **row}), flush=True)
 
 
 def machine() -> dict:
