@@ -36,7 +36,7 @@ $(VENV)/installed: uv.lock pyproject.toml | $(UV)
 	$(UV) sync --locked --compile-bytecode $(EXTRAS) --python $(PYTHON_EXE)
 	touch $@
 
-.PHONY: venv train test format-check lock requirements-check smoke
+.PHONY: venv train test quick format-check lock requirements-check smoke
 venv: $(VENV)/installed
 
 train: venv
@@ -44,6 +44,11 @@ train: venv
 
 test: venv
 	$(VENV)/bin/python -m pytest -q -n auto --dist loadfile
+
+# The quick tier, for the inner loop: no training run, server, browser or
+# process that starts TensorFlow (pytest.ini's `slow` marker).
+quick: venv
+	$(VENV)/bin/python -m pytest -q -n auto --dist loadfile -m "not slow"
 
 # The formatting of the Flax examples (pyink; settings in pyproject.toml).
 format-check: venv

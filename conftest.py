@@ -54,6 +54,28 @@ SHARED_MNIST = os.path.join(
 )
 
 
+# The fixtures that train, export, serve or drive a browser: a test that uses
+# one is left out of the quick tier, as are the modules marked slow whole.
+SLOW_FIXTURES = frozenset(
+    {
+        'trained_model',
+        'reading_export',
+        'trained',
+        'uninterrupted',
+        'two_epochs',
+        'standin',
+        'servers',
+        'four_devices',
+    }
+)
+
+
+def pytest_collection_modifyitems(items):
+  for item in items:
+    if SLOW_FIXTURES & set(item.fixturenames):
+      item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope='session')
 def mnist_files(tmp_path_factory) -> str:
   """The directory of the original MNIST files, downloaded if need be.

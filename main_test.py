@@ -36,6 +36,9 @@ from tools import plot
 import train
 from run import workdirs
 
+# Not in the quick tier (pytest -m "not slow"): main.py itself, whole runs.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.abspath(__file__))
 TAGS = ('train_loss', 'train_accuracy', 'test_loss', 'test_accuracy')
 

@@ -11,6 +11,9 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
+# Not in the quick tier (pytest -m "not slow"): the benchmark trains.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -11,6 +11,10 @@ import time
 
 import nbclient
 import nbformat
+import pytest
+
+# Not in the quick tier (pytest -m "not slow"): a training run.
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 NOTEBOOK = os.path.join(ROOT, 'mnist.ipynb')

@@ -946,6 +946,7 @@ def test_command_bytes(trained_export, pngs, bad_inputs):
   assert '--invert cannot change images sent as bytes' in result.stderr
 
 
+@pytest.mark.slow  # A process that starts TensorFlow.
 def test_command_needs_one_model_and_one_input(tmp_path, pngs):
   result = _predict(pngs[0])
   assert result.returncode != 0

@@ -22,6 +22,9 @@ import tensorflow_datasets as tfds
 from tools import plot
 import train
 
+# Not in the quick tier (pytest -m "not slow"): training runs.
+pytestmark = pytest.mark.slow
+
 
 def test_normalize_is_tf_datas_cast_and_divide_on_the_host_and_jitted():
   pixels = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)

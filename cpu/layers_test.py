@@ -241,6 +241,7 @@ def test_matmul_precision_says_what_the_matmuls_compute_in_and_why(
   assert layers.matmul_precision(_config(), platform, flags) == expected
 
 
+@pytest.mark.slow
 def test_a_run_logs_its_matmul_precision_and_learns_in_bf16(
     small_config, tmp_path, caplog
 ):

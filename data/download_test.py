@@ -152,6 +152,7 @@ def test_an_address_that_does_not_parse_is_named(tmp_path, monkeypatch):
   )
 
 
+@pytest.mark.slow
 def test_tfds_prepares_what_was_downloaded(
     url_infos, mirror, tmp_path, monkeypatch
 ):

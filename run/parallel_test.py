@@ -18,6 +18,9 @@ from run import parallel
 import pytest
 import train
 
+# Not in the quick tier (pytest -m "not slow"): whole runs, several devices.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -221,7 +224,6 @@ def test_sigterm_to_one_process_stops_both_at_one_step(small_config, tmp_path):
   config = small_config(
       train_split='train[:2048]',
       batch_size=64,
-      num_epochs=2,
       steps_per_call=2,
       progress_every_secs=0.01,
   )
@@ -243,7 +245,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step(small_config, tmp_path):
 
   def sigterm_to_process_1_in_epoch_1(processes, log_0):
     deadline = time.monotonic() + 300
-    while not re.search(r'\((1\d|2\d)/64\)', log_0.read_text()):
+    while not re.search(r'\((1\d|2\d)/32\)', log_0.read_text()):
       assert time.monotonic() < deadline and processes[0].poll() is None
       time.sleep(0.05)
     processes[1].send_signal(signal.SIGTERM)

@@ -8,6 +8,9 @@ import sys
 import pytest
 from run import startup
 
+# Not in the quick tier (pytest -m "not slow"): TensorFlow's processes.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIABLES = ('TF_ENABLE_ONEDNN_OPTS', 'TF_CPP_MIN_LOG_LEVEL')
 # What TensorFlow prints where oneDNN is on (by default on CPUs with AVX-512

@@ -14,6 +14,9 @@ import time
 import pytest
 from run import stop_signals
 
+# Not in the quick tier (pytest -m "not slow"): processes of their own.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A finalizer that signals its own process and runs Python code, where the

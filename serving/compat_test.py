@@ -16,6 +16,7 @@ Another server's TensorFlow, by hand:
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,9 @@ import pytest
 from serving import signatures as names
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
+
+# Not in the quick tier (pytest -m "not slow"): another TensorFlow, an export.
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # That of the newest TF Serving image, tensorflow/serving:2.20.0.
@@ -73,21 +77,21 @@ def _python_with(requirement: str) -> str:
   )
   python = os.path.join(directory, 'bin', 'python')
   installed = os.path.join(directory, 'installed')
+  # uv, as `make` finds it, installs in parallel and from its cache; else pip.
+  uv = shutil.which('uv') or os.path.join(ROOT, '.uv', 'bin', 'uv')
+  if os.path.exists(uv):
+    make = [uv, 'venv', '--quiet', '--python', sys.executable, directory]
+    install = [uv, 'pip', 'install', '--quiet', '--python', python]
+  else:
+    make = [sys.executable, '-m', 'venv', '--clear', directory]
+    install = [python, '-m', 'pip', 'install', '--quiet']
   with filelock.FileLock(directory + '.lock'):
     if os.path.exists(installed):
       return python
     for command in (
-        [sys.executable, '-m', 'venv', '--clear', directory],
-        [python, '-m', 'pip', 'install', '--quiet', requirement],
-        [
-            python,
-            '-m',
-            'pip',
-            'install',
-            '--quiet',
-            '--no-deps',
-            f'tensorflow-serving-api=={version}',
-        ],
+        make,
+        [*install, requirement],
+        [*install, '--no-deps', f'tensorflow-serving-api=={version}'],
     ):
       result = subprocess.run(
           command, capture_output=True, text=True, timeout=900
@@ -96,7 +100,7 @@ def _python_with(requirement: str) -> str:
         last = (result.stderr.strip().splitlines() or [''])[-1]
         pytest.fail(
             f'could not install {requirement} into {directory} '
-            f'({" ".join(command[2:])}: {last}); it needs PyPI once',
+            f'({" ".join(command[1:])}: {last}); it needs PyPI once',
             pytrace=False,
         )
     open(installed, 'w').close()

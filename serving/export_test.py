@@ -78,6 +78,7 @@ def test_no_signature_holds_a_decoder_of_other_formats(exported):
   assert not ops & {'DecodeImage', 'DecodeGif', 'DecodeWebP'}
 
 
+@pytest.mark.slow  # A process that starts TensorFlow.
 def test_a_heap_corrupting_webp_is_refused_and_the_next_image_classified(
     exported, heap_corrupting_webp, tmp_path
 ):
@@ -128,6 +129,7 @@ def test_warmup_requests_replay_against_the_saved_model(exported):
   assert sorted(replayed) == sorted(names.SIGNATURES + (names.BYTES_SIGNATURE,))
 
 
+@pytest.mark.slow  # A process that starts TensorFlow.
 def test_a_killed_export_leaves_no_version(tmp_path):
   """SIGKILL while a version is written: none half-written, the next is next."""
   model_dir = str(tmp_path / 'mnist')
@@ -195,6 +197,7 @@ def test_signature_takes_a_named_batch_of_any_size(exported):
   assert sorted(signature.structured_outputs) == ['logits', 'probabilities']
 
 
+@pytest.mark.slow  # A process that starts TensorFlow.
 def test_runs_in_tensorflow_without_jax(exported):
   model, _, path = exported
   images = _images(3, seed=1)

@@ -35,6 +35,7 @@ runpy.run_module('tools.benchmark', run_name='__main__')
 """
 
 
+@pytest.mark.slow
 def test_the_levers_time_in_turns_without_tensorflow_tfds_clu_or_orbax():
   result = subprocess.run(
       [sys.executable, '-c', SCRIPT, '--variants=levers', '--steps=2']

@@ -9,7 +9,11 @@ import sys
 
 from clu import metric_writers
 import numpy as np
+import pytest
 import tensorflow as tf
+
+# Not in the quick tier (pytest -m "not slow"): a process of its own.
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

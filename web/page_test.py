@@ -48,6 +48,9 @@ from selenium.webdriver.common.actions.pointer_input import PointerInput
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
+# Not in the quick tier (pytest -m "not slow"): a browser and servers.
+pytestmark = pytest.mark.slow
+
 WEB = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(WEB)
 CHROMIUM = '/usr/bin/chromium'
