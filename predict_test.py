@@ -544,7 +544,8 @@ def test_predict_sends_as_bytes_only_what_the_signature_decodes(
   ]
 
 
-@pytest.mark.parametrize(
+# Each way to the bytes signature, and how it says that the model refused.
+_EACH_WAY_REFUSES = pytest.mark.parametrize(
     'way, answer',
     [
         ('saved_model', 'the model refused it'),
@@ -552,6 +553,9 @@ def test_predict_sends_as_bytes_only_what_the_signature_decodes(
         ('grpc', 'server {} answered INVALID_ARGUMENT'),
     ],
 )
+
+
+@_EACH_WAY_REFUSES
 def test_the_bytes_signature_refuses_other_bytes_and_goes_on(
     way, answer, trained_export, standin, pngs, heap_corrupting_webp
 ):
@@ -705,14 +709,7 @@ def _peak_rss_growth(pid: int, send) -> float:
   return status('VmHWM') - before
 
 
-@pytest.mark.parametrize(
-    'way, answer',
-    [
-        ('saved_model', 'the model refused it'),
-        ('rest', 'server {} answered 400'),
-        ('grpc', 'server {} answered INVALID_ARGUMENT'),
-    ],
-)
+@_EACH_WAY_REFUSES
 def test_the_bytes_signature_refuses_images_over_the_bound(
     way, answer, trained_export, standin, pngs, oversized_images
 ):
@@ -742,14 +739,7 @@ def test_the_bytes_signature_refuses_images_over_the_bound(
   ]
 
 
-@pytest.mark.parametrize(
-    'way, answer',
-    [
-        ('saved_model', 'the model refused it'),
-        ('rest', 'server {} answered 400'),
-        ('grpc', 'server {} answered INVALID_ARGUMENT'),
-    ],
-)
+@_EACH_WAY_REFUSES
 def test_the_bytes_signature_refuses_costly_files_and_goes_on(
     way, answer, trained_export, standin, pngs, costly_images
 ):

@@ -158,6 +158,13 @@ def png_format(encoded: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
   return tf.cast(header[24], tf.int32), tf.cast(header[25], tf.int32)
 
 
+def _once(ok: tf.Tensor, message: tf.Tensor, tensor: tf.Tensor) -> tf.Tensor:
+  """`tensor`, computed only once `ok` holds; else the run fails
+  `assertion failed: [<message>]`, INVALID_ARGUMENT."""
+  with tf.control_dependencies([tf.debugging.Assert(ok, [message])]):
+    return tf.identity(tensor)
+
+
 def _checked(encoded: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
   """The format's index and the pixels claimed, once the image passes.
 
@@ -212,8 +219,7 @@ def _checked(encoded: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
   for ok, why in reversed(messages):  # The first failure's message.
     passes &= ok
     message = tf.where(ok, message, why)
-  with tf.control_dependencies([tf.debugging.Assert(passes, [message])]):
-    return tf.identity(index), width * height
+  return _once(passes, message, index), width * height
 
 
 def _prepare(encoded: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
@@ -249,18 +255,14 @@ def decode(encoded: tf.Tensor) -> tf.Tensor:
   count = tf.size(encoded)
   many = tf.strings.format('the request holds {} images', count)
   many += f'; the model decodes at most {MAX_REQUEST_IMAGES} a request'
-  check = tf.debugging.Assert(count <= MAX_REQUEST_IMAGES, [many])
-  with tf.control_dependencies([check]):
-    encoded = tf.identity(encoded)
+  encoded = _once(count <= MAX_REQUEST_IMAGES, many, encoded)
   index, pixels = tf.map_fn(
       _checked, encoded, fn_output_signature=(tf.int32, tf.int64)
   )
   total = tf.reduce_sum(pixels)
   message = tf.strings.format('the images claim {} pixels in all', total)
   message += f'; the model decodes {REQUEST_BOUND}'
-  check = tf.debugging.Assert(total <= MAX_REQUEST_PIXELS, [message])
-  with tf.control_dependencies([check]):
-    index = tf.identity(index)
+  index = _once(total <= MAX_REQUEST_PIXELS, message, index)
   image = tf.TensorSpec((IMAGE_SIZE, IMAGE_SIZE, 1), tf.float32)
   return tf.map_fn(
       lambda args: _prepare(*args),
