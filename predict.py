@@ -98,10 +98,9 @@ def _check_header(data: bytes) -> None:
           f'the PNG is {width}x{height} pixels of {size} bytes; predict.py '
           f'decodes {signatures.PNG_BOUND}'
       )
-  scans = data.count(b'\xff\xda')
-  if data.startswith(signatures.BYTES_FORMATS['JPEG']) and (
-      scans > signatures.MAX_JPEG_SCANS
-  ):
+  jpeg = data.startswith(signatures.BYTES_FORMATS['JPEG'])
+  scans = data.count(b'\xff\xda') if jpeg else 0
+  if scans > signatures.MAX_JPEG_SCANS:
     raise InputError(
         f'the JPEG holds {scans} scans; predict.py decodes '
         f'{signatures.SCANS_BOUND}'

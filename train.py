@@ -243,7 +243,7 @@ def train_and_evaluate(
   optimizer = create_optimizer(model, config, steps_per_epoch)
   metrics = create_metrics()
   objects = (model, optimizer, metrics)
-  step, summary = checkpoints.resume(checkpoint_manager, config, *objects)
+  step, summary = checkpoints.resume(checkpoint_manager, config, objects)
   nnx.update(objects, parallel.replicate(nnx.state(objects), mesh))
   writer = summaries.create_writer(workdir, config, nnx.state(model, nnx.Param))
   report = progress.EpochProgress(config, steps_per_epoch, writer, stop)

@@ -19,6 +19,10 @@ from run import config_checks
 from run import errors
 from run import progress
 
+# The items of a checkpoint that hold the training objects, in the order
+# `save` and `resume` take them: model, optimizer, metrics.
+ITEMS = ('model', 'optimizer', 'train_metrics')
+
 
 def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
   """The checkpoints of `workdir`, the `keep` newest kept; made by the first save.
@@ -38,7 +42,7 @@ def save(
     checkpoint_manager, step: int, config, steps_per_epoch, summary, objects
 ):
   """Saves `objects`, (model, optimizer, metrics), at `step`; returns where."""
-  objects = dict(zip(('model', 'optimizer', 'train_metrics'), objects))
+  objects = dict(zip(ITEMS, objects))
   epoch = step // steps_per_epoch
   meta = {'step': step, 'epoch': epoch, 'steps_per_epoch': steps_per_epoch}
   meta.update(config=config.to_dict(), summary=summary)
@@ -146,14 +150,15 @@ def restore_newest(checkpoint_manager, config, **objects):
   return None, []
 
 
-def resume(checkpoint_manager, config, model, optimizer, metrics):
+def resume(checkpoint_manager, config, objects):
   """The global step and summary to go on from; restores the objects.
 
   Checkpoints newer than the one restored are moved to
   `<workdir>/damaged_checkpoints/`, out of the way of the steps saved again.
   """
-  objects = dict(model=model, optimizer=optimizer, train_metrics=metrics)
-  meta, damaged = restore_newest(checkpoint_manager, config, **objects)
+  meta, damaged = restore_newest(
+      checkpoint_manager, config, **dict(zip(ITEMS, objects))
+  )
   directory = checkpoint_manager.directory
   for step, cause in damaged:
     now = time.strftime('%Y%m%d-%H%M%S')  # A step damaged again goes beside.

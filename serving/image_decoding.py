@@ -6,9 +6,10 @@ TensorFlow's own ops differ by a grey level here and there. Everything is
 checked before a decoder runs: the format, by the bytes a file starts with
 (every TensorFlow decode op decodes whatever format it finds, and its WebP
 decoder corrupts the heap on a malformed animation), the size the header
-claims (the decoders fill out any size a few bytes claim), a JPEG's scans (a
-progressive decoder passes over the whole image once per scan), and the
-pixels that a request's images claim together.
+claims (the decoders fill out any size a few bytes claim), a PNG's bytes of
+pixels, a JPEG's components and scans (a progressive decoder passes over the
+whole image once per scan), and a request's images and the pixels they
+claim together.
 """
 
 from serving.signatures import BOUND, BYTES_FORMATS, FORMATS, IMAGE_SIZE, MAX_JPEG_SCANS, MAX_PIXELS, MAX_REQUEST_IMAGES, MAX_REQUEST_PIXELS, MAX_SIDE, PIXEL_VALUES, PNG_BOUND, PNG_CHANNELS, MAX_PNG_BYTES, REQUEST_BOUND, SCANS_BOUND
