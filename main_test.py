@@ -674,13 +674,14 @@ def _summary_counts(workdir) -> collections.Counter:
   )
 
 
-def _assert_resumes_to(workdir, config, expected) -> None:
-  result = _main(f'--workdir={workdir}', *_flags(config))
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert 'Resuming from the checkpoint (step ' in result.stderr
-  # The run's own line for each checkpoint; orbax's are left out.
-  assert 'Saved a checkpoint (step 192, end of epoch 3) in ' in result.stderr
-  assert 'checkpoint_manager.py' not in result.stderr
+def _assert_resumes_to(run_main, caplog, workdir, config, expected) -> None:
+  """The last rerun, in this process (the processes before tested the start
+  of one), ends with the metrics and summaries of `expected`'s run."""
+  caplog.set_level(logging.INFO)
+  status = run_main(f'--workdir={workdir}', *_flags(config), '--verbosity=0')
+  assert status == 0
+  assert 'Resuming from the checkpoint (step ' in caplog.text
+  assert 'Saved a checkpoint (step 192, end of epoch 3) in ' in caplog.text
   scalars = plot.read_scalars(workdir)
   assert {tag: scalars[tag][3] for tag in TAGS} == {
       tag: expected[tag] for tag in TAGS
@@ -714,7 +715,7 @@ def _assert_stopped(status: int, stderr: str, sig, workdir, epoch: int) -> int:
 
 
 def test_a_run_stopped_every_way_resumes_to_the_uninterrupted_metrics(
-    run_main, resume_config, uninterrupted, tmp_path
+    run_main, caplog, resume_config, uninterrupted, tmp_path
 ):
   """One workdir, its runs stopped one after another, each another way.
 
@@ -769,10 +770,12 @@ def test_a_run_stopped_every_way_resumes_to_the_uninterrupted_metrics(
   # SIGTERM in epoch 2, then Ctrl-C in epoch 3: each saves where it is.
   status, stderr = _run_until(workdir, config, _in_epoch_2, signal.SIGTERM)
   step = _assert_stopped(status, stderr, signal.SIGTERM, workdir, 2)
+  # The run's own line for each checkpoint; orbax's are left out.
+  assert 'checkpoint_manager.py' not in stderr
   status, stderr = _run_until(workdir, config, _in_epoch(3), signal.SIGINT)
   assert f'Resuming from the checkpoint (step {step}, in epoch 2)' in stderr
   _assert_stopped(status, stderr, signal.SIGINT, workdir, 3)
-  _assert_resumes_to(workdir, config, uninterrupted)
+  _assert_resumes_to(run_main, caplog, workdir, config, uninterrupted)
 
 
 def test_a_stop_during_data_preparation_is_prompt(mnist_files, tmp_path):
@@ -935,7 +938,7 @@ def _write_fails(process, after, limit: int) -> list[str]:
 
 
 def test_writes_that_fail_mid_run_keep_the_last_checkpoint(
-    resume_config, uninterrupted, tmp_path
+    run_main, caplog, resume_config, uninterrupted, tmp_path
 ):
   """A full disk, which root meets too: a file size limit set from outside.
 
@@ -963,7 +966,7 @@ def test_writes_that_fail_mid_run_keep_the_last_checkpoint(
       'resume'
   ]
   assert checkpoints.manager(workdir).all_steps() == [64]
-  _assert_resumes_to(workdir, config, uninterrupted)
+  _assert_resumes_to(run_main, caplog, workdir, config, uninterrupted)
 
 
 # A model changed as users change the example's: layers the CPU levers do

@@ -302,8 +302,9 @@ def _along(stroke, step: float) -> list[tuple[float, float]]:
 def draw(driver, strokes, left, top, width, height, kind='mouse') -> None:
   """Draws unit-box `strokes` in the pad's box (left, top, width, height).
 
-  Pointer down, a move every 6 pixels or so, up, for each stroke: with a
-  mouse, a pen or a finger (`kind`).
+  Pointer down, a move every 12 pixels or so (a quick stroke, as a mouse
+  reports it 60 times a second), up, for each stroke: with a mouse, a pen or
+  a finger (`kind`).
   """
   pad = driver.find_element('id', 'pad')
   pointer = PointerInput(
@@ -318,7 +319,7 @@ def draw(driver, strokes, left, top, width, height, kind='mouse') -> None:
   # The drawing area's CSS pixels per pad pixel, inside the border.
   scale = driver.execute_script('return arguments[0].clientWidth;', pad) / PAD
   for stroke in strokes:
-    unit = 6 / max(width, height, 1)
+    unit = 12 / max(width, height, 1)
     for i, (x, y) in enumerate(_along(stroke, unit)):
       # Offsets from the pad's centre, in CSS pixels.
       dx = round((left + x * width - PAD / 2) * scale)
