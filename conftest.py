@@ -9,7 +9,6 @@ why; the others run.
 """
 
 import gzip
-import io
 import os
 import shutil
 import struct
@@ -244,12 +243,6 @@ def trained_export(trained_model, tmp_path_factory) -> str:
   return export.export_saved_model(trained_model, model_dir)
 
 
-def _encoded(image: Image.Image, image_format: str, **options) -> bytes:
-  buffer = io.BytesIO()
-  image.save(buffer, image_format, **options)
-  return buffer.getvalue()
-
-
 def _claiming(data: bytes, width: int, height: int) -> bytes:
   """A small PNG or JPEG whose header says `width` x `height`, as in an attack.
 
@@ -276,12 +269,16 @@ def oversized_images(tmp_path_factory) -> dict[str, str]:
   """
   directory = tmp_path_factory.mktemp('oversized')
   small = Image.new('L', (16, 16))
-  bmp = _encoded(small, 'BMP')
+  bmp = crafted_images.encoded(small, 'BMP')
   files = {
-      'blank.png': _encoded(Image.new('L', (5000, 5000)), 'PNG'),
-      'strip.png': _encoded(Image.new('L', (20000, 1)), 'PNG'),
-      'claims.jpg': _claiming(_encoded(small, 'JPEG'), 5000, 5000),
-      'claims.png': _claiming(_encoded(small, 'PNG'), 30000, 30000),
+      'blank.png': crafted_images.encoded(Image.new('L', (5000, 5000)), 'PNG'),
+      'strip.png': crafted_images.encoded(Image.new('L', (20000, 1)), 'PNG'),
+      'claims.jpg': _claiming(
+          crafted_images.encoded(small, 'JPEG'), 5000, 5000
+      ),
+      'claims.png': _claiming(
+          crafted_images.encoded(small, 'PNG'), 30000, 30000
+      ),
       'claims.bmp': bmp[:18] + struct.pack('<ii', 5000, 5000) + bmp[26:],
   }
   for name, data in files.items():
@@ -299,13 +296,15 @@ def costly_images(tmp_path_factory) -> dict[str, str]:
   """
   directory = tmp_path_factory.mktemp('costly')
   progressive = crafted_images.progressive_jpeg('L', 64)
-  png = _claiming(_encoded(Image.new('RGB', (16, 16)), 'PNG'), 4096, 4096)
+  png = _claiming(
+      crafted_images.encoded(Image.new('RGB', (16, 16)), 'PNG'), 4096, 4096
+  )
   png = bytearray(png)
   png[24] = 16  # Bit depth; the checksum made again.
   png[29:33] = struct.pack('>I', zlib.crc32(png[12:29]))
   files = {
       'scans.jpg': crafted_images.with_scans(progressive, 20_006, 1),
-      'cmyk.jpg': _encoded(Image.new('CMYK', (16, 16)), 'JPEG'),
+      'cmyk.jpg': crafted_images.encoded(Image.new('CMYK', (16, 16)), 'JPEG'),
       'rgb16.png': bytes(png),
   }
   for name, data in files.items():
@@ -323,7 +322,9 @@ def heap_corrupting_webp(tmp_path_factory) -> str:
   """
   frames = [Image.new('RGB', (28, 28), (255 * i, 0, 0)) for i in range(2)]
   data = bytearray(
-      _encoded(frames[0], 'WEBP', save_all=True, append_images=frames[1:])
+      crafted_images.encoded(
+          frames[0], 'WEBP', save_all=True, append_images=frames[1:]
+      )
   )
   payload = data.index(b'ANMF') + 8
   data[payload + 6 : payload + 9] = (28).to_bytes(3, 'little')

@@ -106,6 +106,13 @@ def _uint(header: tf.Tensor, offset: int, length: int, big_endian=False):
   return value
 
 
+def _header(encoded: tf.Tensor) -> tf.Tensor:
+  """The first HEADER_BYTES bytes, as int64s; zeros past the end."""
+  head = tf.strings.substr(encoded, 0, HEADER_BYTES)
+  header = tf.io.decode_raw(head, tf.uint8, fixed_length=HEADER_BYTES)
+  return tf.cast(header, tf.int64)
+
+
 def claimed_size(encoded: tf.Tensor):
   """The format's index in BYTES_FORMATS, and the width and height it claims.
 
@@ -113,9 +120,7 @@ def claimed_size(encoded: tf.Tensor):
   top-down image). An input of none of them, or shorter than HEADER_BYTES,
   is of index -1, width and height 0.
   """
-  head = tf.strings.substr(encoded, 0, HEADER_BYTES)
-  header = tf.io.decode_raw(head, tf.uint8, fixed_length=HEADER_BYTES)
-  header = tf.cast(header, tf.int64)  # Zeros past the end.
+  header = _header(encoded)
   index = tf.constant(-1)
   for i, magic in enumerate(BYTES_FORMATS.values()):
     starts = tf.reduce_all(header[: len(magic)] == list(magic))
@@ -154,9 +159,8 @@ def jpeg_scans(encoded: tf.Tensor) -> tf.Tensor:
 
 def png_format(encoded: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
   """A PNG's bit depth and colour type (IHDR's), as int32s; zeros if short."""
-  head = tf.strings.substr(encoded, 0, HEADER_BYTES)
-  header = tf.io.decode_raw(head, tf.uint8, fixed_length=HEADER_BYTES)
-  return tf.cast(header[24], tf.int32), tf.cast(header[25], tf.int32)
+  header = tf.cast(_header(encoded), tf.int32)
+  return header[24], header[25]
 
 
 def _once(ok: tf.Tensor, message: tf.Tensor, tensor: tf.Tensor) -> tf.Tensor:

@@ -1,7 +1,6 @@
 """The graph's image preparation: predict.py's (Pillow's) pixels, exactly, and
 only from PNG, JPEG and BMP files within the bound; anything else refused."""
 
-import io
 import itertools
 import os
 import struct
@@ -48,10 +47,7 @@ def _encoded(size, mode: str, image_format: str, seed: int, **options) -> bytes:
   image = Image.fromarray(pixels, 'RGBA')
   if 'A' not in mode:
     image = image.convert('RGB')
-  image = image.convert(mode)
-  buffer = io.BytesIO()
-  image.save(buffer, image_format, **options)
-  return buffer.getvalue()
+  return crafted_images.encoded(image.convert(mode), image_format, **options)
 
 
 @pytest.mark.parametrize('mode, image_format', CASES)

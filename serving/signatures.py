@@ -41,8 +41,8 @@ BOUND = f'at most {MAX_PIXELS} pixels (4096x4096), {MAX_SIDE} on a side'
 # scan, so a small file of many scans costs seconds: the scans are bounded
 # too. Encoders write 1 (baseline), 6 and 10 (libjpeg's progressive grey and
 # colour), up to 16 (mozjpeg's searched scripts), and one more for each
-# thumbnail; 24 leaves room above those, and holds a file of the bound made
-# of the costliest scans under half a second of CPU (docs/serving.md).
+# thumbnail; 24 leaves room above those, and keeps a file of the bound made
+# of the costliest scans near the cost of the costliest PNG (docs/serving.md).
 MAX_JPEG_SCANS = 24
 SCANS_BOUND = f'JPEGs of at most {MAX_JPEG_SCANS} scans'
 # A PNG's decoder unfilters every byte of its samples, so its pixels' bytes
@@ -55,8 +55,8 @@ PNG_BOUND = (
 )
 # A request's images together, by the pixels their headers claim: four
 # images of the bound, so that a request costs at most four times the worst
-# image. And by their number: the model's activations take about 100 KB an
-# image, however few bytes the image was sent in.
+# image. And by their number: each image takes the model's activations,
+# however few bytes it was sent in.
 MAX_REQUEST_PIXELS = 4 * MAX_PIXELS
 MAX_REQUEST_IMAGES = 256
 REQUEST_BOUND = (

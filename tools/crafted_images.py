@@ -19,6 +19,13 @@ ADAM7 = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4)]
 ADAM7 += [(0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2)]
 
 
+def encoded(image: Image.Image, image_format: str, **options) -> bytes:
+  """`image` saved by Pillow as `image_format`, with its `options`."""
+  buffer = io.BytesIO()
+  image.save(buffer, image_format, **options)
+  return buffer.getvalue()
+
+
 def costly_png(width: int, height: int) -> bytes:
   """An 8-bit RGB PNG of zeros, interlaced, every row Paeth-filtered.
 
@@ -47,10 +54,8 @@ def costly_png(width: int, height: int) -> bytes:
 def progressive_jpeg(mode: str, side: int) -> bytes:
   """A flat grey image of `side` pixels a side, as Pillow's progressive JPEG
   (libjpeg's script), in 'L' or 'RGB' with full-size chroma (4:4:4)."""
-  buffer = io.BytesIO()
   image = Image.new(mode, (side, side), 128 if mode == 'L' else (128,) * 3)
-  image.save(buffer, 'JPEG', progressive=True, subsampling=0)
-  return buffer.getvalue()
+  return encoded(image, 'JPEG', progressive=True, subsampling=0)
 
 
 # A marker that ends a scan's entropy-coded data: FF, then neither a

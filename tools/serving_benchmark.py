@@ -28,7 +28,6 @@ if __name__ == '__main__':  # Before the modules below import TensorFlow.
   startup.begin(sys.argv)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import io
 import json
 import math
 import os
@@ -75,11 +74,7 @@ WARMUP_CALLS = 5
 def inputs(config, n: int) -> dict[str, tuple[str, np.ndarray]]:
   """The first `n` test digits per signature: its input name and the batch."""
   images, _ = mnist_pngs.test_images(config, n)
-  encoded = []
-  for image in images:
-    buffer = io.BytesIO()
-    Image.fromarray(image, mode='L').save(buffer, 'PNG')
-    encoded.append(buffer.getvalue())
+  encoded = [crafted.encoded(Image.fromarray(i, 'L'), 'PNG') for i in images]
   floats = (images.astype(np.float32) / 255.0)[..., None]
   return {
       'serving_default': (signatures.INPUT_NAME, floats),
@@ -177,12 +172,6 @@ def costliest_scan(servable, mode: str) -> int:
   return int(np.argmax([request_cost(servable, [t])['cpu_s'] for t in tried]))
 
 
-def _encoded(image: Image.Image, image_format: str, **options) -> bytes:
-  buffer = io.BytesIO()
-  image.save(buffer, image_format, **options)
-  return buffer.getvalue()
-
-
 def costs(servable) -> None:
   """Prints one JSON line per request: what it holds, then request_cost's."""
   limit, side = signatures.MAX_JPEG_SCANS, crafted.SIDE
@@ -193,13 +182,15 @@ def costs(servable) -> None:
       'PNG, 8-bit RGB, interlaced, Paeth rows': lambda n: crafted.costly_png(
           n, n
       ),
-      'baseline JPEG 4:4:4, flat': lambda n: _encoded(
+      'baseline JPEG 4:4:4, flat': lambda n: crafted.encoded(
           Image.new('RGB', (n, n), (128,) * 3), 'JPEG', subsampling=0
       ),
-      'baseline JPEG 4:4:4, noise, quality 100': lambda n: _encoded(
+      'baseline JPEG 4:4:4, noise, quality 100': lambda n: crafted.encoded(
           Image.fromarray(noise[:n, :n]), 'JPEG', quality=100, subsampling=0
       ),
-      'BMP, 32-bit': lambda n: _encoded(Image.new('RGBA', (n, n)), 'BMP'),
+      'BMP, 32-bit': lambda n: crafted.encoded(
+          Image.new('RGBA', (n, n)), 'BMP'
+      ),
       f'progressive JPEG grey, {limit} scans, scan {grey} repeated': (
           lambda n: crafted.with_scans(
               crafted.progressive_jpeg('L', n), limit, grey
@@ -231,7 +222,7 @@ def costs(servable) -> None:
     print(json.dumps({'request': name, **row}), flush=True)
   # The most images for their bytes, each with its own checks, decoding and
   # activations; one more is refused.
-  tiny = _encoded(Image.new('L', (1, 1)), 'PNG')
+  tiny = crafted.encoded(Image.new('L', (1, 1)), 'PNG')
   for count in (
       signatures.MAX_REQUEST_IMAGES,
       signatures.MAX_REQUEST_IMAGES + 1,
