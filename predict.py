@@ -90,8 +90,7 @@ def _check_header(data: bytes) -> None:
   """Refuses, as serving_bytes does, a PNG of too many bytes of pixels and a
   JPEG of too many scans: what its header (or its markers) says."""
   if data.startswith(signatures.BYTES_FORMATS['PNG']) and len(data) >= 26:
-    width, height = struct.unpack('>II', data[16:24])
-    depth, colour = data[24], data[25]
+    width, height, depth, colour = struct.unpack('>IIBB', data[16:26])
     size = signatures.PNG_CHANNELS.get(colour, 1) * (2 if depth == 16 else 1)
     if width * height * size > signatures.MAX_PNG_BYTES:
       raise InputError(
@@ -110,8 +109,7 @@ def _check_header(data: bytes) -> None:
 def load_image(path: str, invert: bool = False) -> np.ndarray:
   """A `(1, 28, 28, 1)` float32 batch: on MNIST's images, the training data.
 
-  Its header's size, a PNG's bytes and a JPEG's scans are bounded before
-  it is decoded, as in serving_bytes.
+  Bounded before it is decoded, as in serving_bytes.
   """
   bound = f'predict.py decodes {signatures.BOUND}'
   try:
@@ -254,9 +252,7 @@ def main(argv):
   except InputError as e:
     sys.exit(f'error: {e}')
   startup.imports_done()
-  if classify(
-      argv[1:], classifier, FLAGS.invert, FLAGS.json, as_bytes=FLAGS.bytes
-  ):
+  if classify(argv[1:], classifier, FLAGS.invert, FLAGS.json, FLAGS.bytes):
     sys.exit(1)
 
 

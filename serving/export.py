@@ -19,7 +19,6 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_log_pb2
 
-PLATFORMS = ('cpu', 'cuda')  # The serialised computation's; 'cuda' for GPUs.
 # Where TF Serving looks for the requests it replays on loading a version.
 WARMUP_FILE = os.path.join('assets.extra', 'tf_serving_warmup_requests')
 INCOMPLETE = '.incomplete'
@@ -66,7 +65,7 @@ def export_saved_model(model: nnx.Module, model_dir: str) -> str:
       weights,
       predict,
       input_polymorphic_shape='(b, ...)',
-      jax2tf_kwargs={'native_serialization_platforms': PLATFORMS},
+      jax2tf_kwargs={'native_serialization_platforms': ('cpu', 'cuda')},
   )
   for left in tf.io.gfile.glob(os.path.join(model_dir, f'.*{INCOMPLETE}')):
     logging.warning('Removing an incomplete export: %s', left)

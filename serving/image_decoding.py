@@ -1,15 +1,13 @@
 """Turns encoded images into the model's input, inside the SavedModel's graph.
 
 `serving_bytes` takes PNG, JPEG and BMP files and makes the very pixels that
-predict.py makes with Pillow: Pillow's integer luma and bilinear resize, as
-TensorFlow's own ops differ by a grey level here and there. Everything is
-checked before a decoder runs: the format, by the bytes a file starts with
-(every TensorFlow decode op decodes whatever format it finds, and its WebP
-decoder corrupts the heap on a malformed animation), the size the header
-claims (the decoders fill out any size a few bytes claim), a PNG's bytes of
-pixels, a JPEG's components and scans (a progressive decoder passes over the
-whole image once per scan), and a request's images and the pixels they
-claim together.
+predict.py makes with Pillow (its integer luma and bilinear resize: TF's own
+ops differ by a grey level here and there). Before a decoder runs, the format
+is checked by the bytes a file starts with (a TensorFlow decode op decodes any
+format it finds, and its WebP decoder corrupts the heap on a malformed
+animation), and signatures.py's bounds by the header's claims (the decoders
+fill out any size a few bytes claim): the size, a PNG's bytes of pixels, a
+JPEG's components and scans, a request's images and their pixels together.
 """
 
 from serving.signatures import BOUND, BYTES_FORMATS, FORMATS, IMAGE_SIZE, MAX_JPEG_SCANS, MAX_PIXELS, MAX_REQUEST_IMAGES, MAX_REQUEST_PIXELS, MAX_SIDE, PIXEL_VALUES, PNG_BOUND, PNG_CHANNELS, MAX_PNG_BYTES, REQUEST_BOUND, SCANS_BOUND
@@ -19,7 +17,6 @@ PNG, JPEG = list(BYTES_FORMATS).index('PNG'), list(BYTES_FORMATS).index('JPEG')
 
 # Pillow's fixed-point resampling of 8-bit images (libImaging/Resample.c).
 PRECISION_BITS = 22
-# Pixels of a block of rows that `_across` resamples at a time.
 BLOCK_PIXELS = 2**20
 # Bytes read for the checks: BMP's width and height end at byte 26, PNG's at
 # 24. A shorter input is none of the three.
@@ -29,9 +26,8 @@ HEADER_BYTES = 26
 def pillow_bilinear_weights(in_size: tf.Tensor, out_size: int) -> tf.Tensor:
   """`(in_size, out_size)` integer weights of Pillow's bilinear resize.
 
-  Pillow's `precompute_coeffs` and `normalize_coeffs_8bpc`: a triangle,
-  widened when shrinking, normalised per output pixel, times 2**22, rounded;
-  float64, in which the sums of 8-bit pixels times them are exact.
+  Pillow's `precompute_coeffs` and `normalize_coeffs_8bpc`, in float64, in
+  which the sums of 8-bit pixels times them are exact.
   """
   in_size = tf.cast(in_size, tf.float64)
   scale = in_size / out_size
@@ -46,20 +42,14 @@ def pillow_bilinear_weights(in_size: tf.Tensor, out_size: int) -> tf.Tensor:
   return tf.floor(weights * 2**PRECISION_BITS + 0.5)
 
 
-def _rounded(total: tf.Tensor) -> tf.Tensor:
-  """Pillow's fixed-point sums rounded to 8 bits."""
-  total += 2 ** (PRECISION_BITS - 1)
+def _resampled(pixels: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:
+  """Pillow's resize of the rows of `pixels`, its sums rounded to 8 bits."""
+  total = tf.matmul(pixels, weights) + 2 ** (PRECISION_BITS - 1)
   return tf.clip_by_value(tf.floor(total / 2**PRECISION_BITS), 0.0, 255.0)
 
 
-def _resample(pixels: tf.Tensor) -> tf.Tensor:
-  """One pass of Pillow's resize, of the rows, rounded to 8 bits; transposed."""
-  weights = pillow_bilinear_weights(tf.shape(pixels)[1], IMAGE_SIZE)
-  return tf.transpose(_rounded(tf.matmul(pixels, weights)))
-
-
 def _across(image: tf.Tensor) -> tf.Tensor:
-  """`_resample` of the image's luma (`_grey`), a block of rows at a time.
+  """`_resampled` luma (`_grey`) of the image, a block of rows at a time.
 
   Each block's buffers are small enough for the allocator to keep and reuse:
   the whole image's would be mapped afresh, and faulted in page by page,
@@ -72,7 +62,7 @@ def _across(image: tf.Tensor) -> tf.Tensor:
 
   def block(i, done):
     luma = _grey(image[i * rows : (i + 1) * rows])
-    return i + 1, done.write(i, _rounded(tf.matmul(luma, weights)))
+    return i + 1, done.write(i, _resampled(luma, weights))
 
   done = tf.TensorArray(
       tf.float64, count, infer_shape=False, element_shape=[None, IMAGE_SIZE]
@@ -82,10 +72,7 @@ def _across(image: tf.Tensor) -> tf.Tensor:
 
 
 def _grey(image: tf.Tensor) -> tf.Tensor:
-  """The `(height, width)` float64 luma of decoded pixels, as Pillow's 'L'.
-
-  Grey (with or without alpha) is its own luma.
-  """
+  """The `(height, width)` float64 luma of decoded pixels, as Pillow's 'L'."""
 
   def luma():
     weighted = [
@@ -94,6 +81,7 @@ def _grey(image: tf.Tensor) -> tf.Tensor:
     ]
     return tf.bitwise.right_shift(tf.add_n(weighted) + 2**15, 16)
 
+  # Grey, with or without alpha, is its own luma.
   grey = lambda: tf.cast(image[..., 0], tf.int32)
   return tf.cast(tf.cond(tf.shape(image)[-1] < 3, grey, luma), tf.float64)
 
@@ -126,7 +114,6 @@ def claimed_size(encoded: tf.Tensor):
     starts = tf.reduce_all(header[: len(magic)] == list(magic))
     index = tf.where(starts, i, index)
   index = tf.where(tf.strings.length(encoded) < HEADER_BYTES, -1, index)
-  zero = tf.constant(0, tf.int64)
   signed = lambda v: tf.abs(tf.where(v >= 2**31, v - 2**32, v))
 
   def jpeg():
@@ -140,7 +127,7 @@ def claimed_size(encoded: tf.Tensor):
           jpeg,
           lambda: (signed(_uint(header, 18, 4)), signed(_uint(header, 22, 4))),
       ],
-      default=lambda: (zero, zero),
+      default=lambda: (tf.constant(0, tf.int64),) * 2,
   )
   return index, width, height
 
@@ -149,8 +136,8 @@ def jpeg_scans(encoded: tf.Tensor) -> tf.Tensor:
   """The scans of a JPEG, at most: how many times the bytes FF DA occur.
 
   In entropy-coded data a byte FF is followed by 00 or a restart marker, so
-  each FF DA starts a scan, of the image or of one embedded in it (a
-  thumbnail), or lies in metadata: never fewer than the scans.
+  each FF DA starts a scan (of the image or of a thumbnail in it) or lies in
+  metadata: never fewer than the scans.
   """
   data = tf.io.decode_raw(encoded, tf.uint8)
   starts = (data[:-1] == 0xFF) & (data[1:] == 0xDA)
@@ -173,8 +160,7 @@ def _once(ok: tf.Tensor, message: tf.Tensor, tensor: tf.Tensor) -> tf.Tensor:
 def _checked(encoded: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
   """The format's index and the pixels claimed, once the image passes.
 
-  An input refused fails `assertion failed: [<why>]`, INVALID_ARGUMENT. The
-  message never holds the input's bytes.
+  The message of a refusal never holds the input's bytes.
   """
   index, width, height = claimed_size(encoded)
   within = width * height <= MAX_PIXELS
@@ -183,47 +169,31 @@ def _checked(encoded: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
   channels = [PNG_CHANNELS.get(c, 1) for c in range(7)]
   channels = tf.gather(channels, tf.clip_by_value(colour, 0, 6))
   pixel_bytes = tf.cast(tf.where(depth == 16, 2, 1) * channels, tf.int64)
-  png_bytes = tf.where(index == PNG, width * height * pixel_bytes, 0)
+  png_ok = (index != PNG) | (width * height * pixel_bytes <= MAX_PNG_BYTES)
   scans, components = tf.cond(
       index == JPEG,
       lambda: (jpeg_scans(encoded), tf.image.extract_jpeg_shape(encoded)[2]),
       lambda: (0, 1),
   )
+  # CMYK costs the most a scan, and a conversion.
+  one_or_three = (components == 1) | (components == 3)
+  colours = 'JPEGs of 1 or 3 (grey or colour)'
   size = tf.strings.length(encoded)
   short = tf.strings.format('the input is {} bytes, too short to be a ', size)
   why = tf.where(size < HEADER_BYTES, short, 'the input is not a ')
-  why += f'{FORMATS} image, the formats the model decodes'
-  messages = [
-      (index >= 0, why),
-      (
-          within,
-          tf.strings.format('the image is {}x{} pixels', (width, height))
-          + f'; the model decodes {BOUND}',
-      ),
-      (
-          png_bytes <= MAX_PNG_BYTES,
-          tf.strings.format(
-              'the PNG is {}x{} pixels of {} bytes',
-              (width, height, pixel_bytes),
-          )
-          + f'; the model decodes {PNG_BOUND}',
-      ),
-      # CMYK costs the most a scan, and a conversion.
-      (
-          (components == 1) | (components == 3),
-          tf.strings.format('the JPEG has {} colour components', components)
-          + '; the model decodes JPEGs of 1 or 3 (grey or colour)',
-      ),
-      (
-          scans <= MAX_JPEG_SCANS,
-          tf.strings.format('the JPEG holds {} scans', scans)
-          + f'; the model decodes {SCANS_BOUND}',
-      ),
+  passes = index >= 0
+  message = why + f'{FORMATS} image, the formats the model decodes'
+  sizes = (width, height, pixel_bytes)
+  refusals = [
+      (within, 'the image is {}x{} pixels', sizes[:2], BOUND),
+      (png_ok, 'the PNG is {}x{} pixels of {} bytes', sizes, PNG_BOUND),
+      (one_or_three, 'the JPEG has {} colour components', components, colours),
+      (scans <= MAX_JPEG_SCANS, 'the JPEG holds {} scans', scans, SCANS_BOUND),
   ]
-  passes, message = tf.constant(True), tf.constant('')
-  for ok, why in reversed(messages):  # The first failure's message.
+  for ok, line, values, bound in refusals:  # The first refusal's line.
+    line = tf.strings.format(line, values) + f'; the model decodes {bound}'
+    message = tf.where(passes & ~ok, line, message)
     passes &= ok
-    message = tf.where(ok, message, why)
   return _once(passes, message, index), width * height
 
 
@@ -245,7 +215,9 @@ def _prepare(encoded: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
       ],
   )
   # Across, then down; an image of 28x28 already is left as it is.
-  pixels = _resample(_across(image))
+  across = _across(image)
+  weights = pillow_bilinear_weights(tf.shape(across)[1], IMAGE_SIZE)
+  pixels = tf.transpose(_resampled(across, weights))
   return tf.gather(PIXEL_VALUES, tf.cast(pixels, tf.int32))[..., None]
 
 
@@ -253,9 +225,8 @@ def _prepare(encoded: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
 def decode(encoded: tf.Tensor) -> tf.Tensor:
   """A `(n,)` batch of encoded images as a `(n, 28, 28, 1)` float32 batch.
 
-  Their number, every image, and the pixels they claim together are
-  checked before any is decoded; then one at a time: a request of many
-  costs the decoding memory of one.
+  Every bound is checked before any image is decoded; then one at a time: a
+  request of many costs the decoding memory of one.
   """
   count = tf.size(encoded)
   many = tf.strings.format('the request holds {} images', count)

@@ -37,12 +37,11 @@ FORMATS = 'PNG, JPEG or BMP'
 MAX_PIXELS = 4096 * 4096
 MAX_SIDE = 16384
 BOUND = f'at most {MAX_PIXELS} pixels (4096x4096), {MAX_SIDE} on a side'
-# A progressive JPEG's decoder passes over every block of the image once per
-# scan, so a small file of many scans costs seconds: the scans are bounded
-# too. Encoders write 1 (baseline), 6 and 10 (libjpeg's progressive grey and
-# colour), up to 16 (mozjpeg's searched scripts), and one more for each
-# thumbnail; 24 leaves room above those, and keeps a file of the bound made
-# of the costliest scans near the cost of the costliest PNG (docs/serving.md).
+# A progressive JPEG's decoder passes over the whole image once per scan, so a
+# small file of many scans costs seconds. Encoders write 1 (baseline), 6 and 10
+# (libjpeg's progressive grey and colour), up to 16 (mozjpeg's searched
+# scripts), one more per thumbnail; 24 leaves room above those, and keeps the
+# costliest JPEG of the bound near the costliest PNG's cost (docs/serving.md).
 MAX_JPEG_SCANS = 24
 SCANS_BOUND = f'JPEGs of at most {MAX_JPEG_SCANS} scans'
 # A PNG's decoder unfilters every byte of its samples, so its pixels' bytes
