@@ -1,10 +1,7 @@
-"""Checkpoints of a training run, with orbax-checkpoint.
-
-A checkpoint is the state of the model (its dropout streams included), the
-optimizer and the training metrics (`train_metrics`: orbax reserves
-'metrics'), and a JSON item: step, epoch, config, the last epoch's summary.
-The data order is a function of the seed and the epoch. Orbax renames a
-checkpoint into place when it is whole, so a killed run's is never listed.
+"""Checkpoints with orbax: the model (its dropout streams too), the optimizer,
+the metrics (`train_metrics`: orbax reserves 'metrics') and a JSON item: step,
+epoch, config, the last summary. The data order follows from seed and epoch.
+Orbax lists a checkpoint only once whole (it renames it into place).
 """
 
 import json
@@ -19,16 +16,12 @@ from run import config_checks
 from run import errors
 from run import progress
 
-# The items of a checkpoint that hold the training objects, in the order
-# `save` and `resume` take them: model, optimizer, metrics.
+# The items of the training objects, in the order they are passed here.
 ITEMS = ('model', 'optimizer', 'train_metrics')
 
 
 def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
-  """The checkpoints of `workdir`, the `keep` newest kept; made by the first save.
-
-  Synchronous: the step donates the buffers an asynchronous save would read.
-  """
+  # Synchronous: the step donates the buffers an asynchronous save would read.
   options = ocp.CheckpointManagerOptions(
       max_to_keep=keep, create=False, enable_async_checkpointing=False
   )
@@ -38,9 +31,7 @@ def manager(workdir: str, keep: int = 1) -> ocp.CheckpointManager:
 
 
 @progress.timed('checkpoint')
-def save(
-    checkpoint_manager, step: int, config, steps_per_epoch, summary, objects
-):
+def save(checkpoint_manager, step, config, steps_per_epoch, summary, objects):
   """Saves `objects`, (model, optimizer, metrics), at `step`; returns where."""
   objects = dict(zip(ITEMS, objects))
   epoch = step // steps_per_epoch
@@ -78,11 +69,8 @@ def restore(checkpoint_manager, step: int, **objects) -> dict:
 
 
 def config_differences(saved: dict, config) -> list[str]:
-  """'field saved -> now' for each field that a resumed run may not change.
-
-  `config` goes through JSON, as the checkpoint's did (tuples become lists).
-  """
-  now = json.loads(json.dumps(config.to_dict()))
+  """'field saved -> now' for each field that a resumed run may not change."""
+  now = json.loads(json.dumps(config.to_dict()))  # As saved: tuples as lists.
   show = lambda values, f: repr(values[f]) if f in values else 'absent'
   why = {'num_epochs': " (lr_schedule='one_cycle' spans every epoch)"}
   return [
@@ -93,49 +81,39 @@ def config_differences(saved: dict, config) -> list[str]:
   ]
 
 
-def _check_fits(meta: dict, config, directory) -> None:
-  """Raises UserError if the checkpoint of `meta` cannot go on as `config`."""
-  at = progress.position(meta['step'], meta['steps_per_epoch'])
-  start_afresh = f'use a new --workdir or move {directory} away'
-  differences = config_differences(meta['config'], config)
-  if differences:
-    raise errors.UserError(
-        f'{directory} holds a checkpoint ({at}) of another config: '
-        f'{"; ".join(differences)}; to start afresh, {start_afresh}'
-    )
-  if meta['step'] > config.num_epochs * meta['steps_per_epoch']:
-    raise errors.UserError(
-        f'{directory} holds a checkpoint ({at}) past '
-        f'config.num_epochs={config.num_epochs}: raise num_epochs, or to start '
-        f'afresh, {start_afresh}'
-    )
-
-
 def _cause(error: Exception) -> str:
   """The gist of an orbax or TensorStore error, whose text runs to pages."""
   text = str(error)
   # A system error's own words ('File too large') precede '[os_error_code'.
-  system = re.search(r'([^:]+?) \[os_error_code', text)
-  if system:
+  if system := re.search(r'([^:]+?) \[os_error_code', text):
     return system.group(1).strip()
   text = (text.strip().splitlines() or [''])[0].split(' See full ')[0]
   return f'{type(error).__name__}: {text[:200]}'
 
 
-def restore_newest(checkpoint_manager, config, **objects):
-  """Restores (into `objects`, if any) the newest checkpoint orbax can read.
-
-  Returns its JSON item (None if there is none) and the damaged steps newer
-  than it, each with its error's gist. Raises errors.UserError if none
-  restores, or it does not fit `config`.
-  """
+def restore_newest(checkpoint_manager, config, objects=()):
+  """Restores (into `objects`, if any) the newest checkpoint orbax can read;
+  returns its JSON item (None if none) and the damaged newer steps with their
+  errors' gist. Raises errors.UserError if none restores, or it does not fit."""
   damaged, directory = [], checkpoint_manager.directory
+  afresh = f'to start afresh, use a new --workdir or move {directory} away'
   for step in sorted(checkpoint_manager.all_steps(), reverse=True):
     try:
       meta = restore(checkpoint_manager, step)
-      _check_fits(meta, config, directory)
+      at = progress.position(meta['step'], meta['steps_per_epoch'])
+      differences = config_differences(meta['config'], config)
+      if differences:
+        raise errors.UserError(
+            f'{directory} holds a checkpoint ({at}) of another config: '
+            f'{"; ".join(differences)}; {afresh}'
+        )
+      if meta['step'] > config.num_epochs * meta['steps_per_epoch']:
+        raise errors.UserError(
+            f'{directory} holds a checkpoint ({at}) past config.num_epochs='
+            f'{config.num_epochs}: raise num_epochs, or {afresh}'
+        )
       if objects:
-        restore(checkpoint_manager, step, **objects)
+        restore(checkpoint_manager, step, **dict(zip(ITEMS, objects)))
       return meta, damaged
     except errors.UserError:
       raise
@@ -144,21 +122,15 @@ def restore_newest(checkpoint_manager, config, **objects):
   if damaged:
     raise errors.UserError(
         f'no checkpoint in {directory} can be restored (the newest, of step '
-        f'{damaged[0][0]}: {damaged[0][1]}); to start afresh, use a new '
-        f'--workdir or move {directory} away'
+        f'{damaged[0][0]}: {damaged[0][1]}); {afresh}'
     )
   return None, []
 
 
 def resume(checkpoint_manager, config, objects):
-  """The global step and summary to go on from; restores the objects.
-
-  Checkpoints newer than the one restored are moved to
-  `<workdir>/damaged_checkpoints/`, out of the way of the steps saved again.
-  """
-  meta, damaged = restore_newest(
-      checkpoint_manager, config, **dict(zip(ITEMS, objects))
-  )
+  """The step and summary to go on from, `objects` restored. Damaged newer
+  checkpoints go to damaged_checkpoints/, out of the way of the steps redone."""
+  meta, damaged = restore_newest(checkpoint_manager, config, objects)
   directory = checkpoint_manager.directory
   for step, cause in damaged:
     now = time.strftime('%Y%m%d-%H%M%S')  # A step damaged again goes beside.

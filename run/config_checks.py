@@ -1,8 +1,6 @@
 """What each config field allows, and which a resumed run may change.
 
-`validate` checks every field before any work, so a mistyped value costs
-nothing. A check takes the value and the number of devices, and returns
-None, or what the field allows.
+`validate` checks every field before any work: a mistyped value costs nothing.
 """
 
 import math
@@ -27,17 +25,14 @@ def _one_of(*names) -> Check:
 
 
 def _devices_share(value, devices: int) -> str | None:
-  """A batch size > 0 that the devices share evenly."""
   if value > 0 and value % devices == 0:
     return None
   return f'a multiple of the {devices} devices' if devices > 1 else _POSITIVE
 
 
 def split_parts(spec: str, sizes: dict[str, int] | None = None) -> list:
-  """TFDS' (splitname, from_, to) of each '+' part of `spec` (its ValueError).
-
-  `sizes`: each split's examples, one shard; by default any slice fits.
-  """
+  """TFDS' (splitname, from_, to) of each '+' part of `spec` (its ValueError),
+  in splits of `sizes` examples (one shard); by default any slice fits."""
   # Here: TFDS takes a second to import, and only the split check needs it.
   from tensorflow_datasets.core import splits  # pylint: disable=g-import-not-at-top
 
@@ -50,7 +45,6 @@ def split_parts(spec: str, sizes: dict[str, int] | None = None) -> list:
 
 
 def _split(value, *_) -> str | None:
-  """A split in TFDS' syntax of 'train' and 'test', for every source."""
   try:
     split_parts(value)
   except (ValueError, NotImplementedError) as e:
@@ -65,14 +59,6 @@ _ANY = _allows(lambda v: True, '')
 _POSITIVE = 'an integer > 0'
 _POSITIVE_INT = _allows(lambda v: v > 0, _POSITIVE)
 _FRACTION = _allows(lambda v: 0 <= v < 1, 'a number in [0, 1)')
-_URL = _allows(
-    lambda v: not v or re.match(r'(https?|file)://', v),
-    "'' or an http://, https:// or file:// URL",
-)
-_DIRECTORY_NAME = _allows(
-    lambda v: re.fullmatch(r'[\w.-]+', v) and v not in ('.', '..'),
-    'a directory name of letters, digits, _, - and .',
-)
 
 CHECKS = {
     'data_source': _one_of(*DATA_SOURCES),
@@ -87,23 +73,28 @@ CHECKS = {
     'dataset': _one_of('mnist', 'fashion_mnist'),
     'data_dir': _ANY,
     'manual_dir': _ANY,
-    'download_url': _URL,
+    'download_url': _allows(
+        lambda v: not v or re.match(r'(https?|file)://', v),
+        "'' or an http://, https:// or file:// URL",
+    ),
     'train_split': _split,
     'test_split': _split,
     'eval_batch_size': _devices_share,
     'progress_every_secs': _allows(lambda v: v > 0, 'a number of seconds > 0'),
     'checkpoint_every_epochs': _POSITIVE_INT,
     'checkpoints_to_keep': _POSITIVE_INT,
-    'export_model_name': _DIRECTORY_NAME,
+    'export_model_name': _allows(
+        lambda v: re.fullmatch(r'[\w.-]+', v) and v not in ('.', '..'),
+        'a directory name of letters, digits, _, - and .',
+    ),
     'steps_per_call': _POSITIVE_INT,
     'cpu_levers': _ANY,
     'matmul_precision': _one_of('auto', 'float32', 'bfloat16'),
     'narrow_dropout_bits': _ANY,
 }
 
-# What a run resumed from a checkpoint may change: neither the order of the
-# data nor what training computes, at most its rounding (the CPU levers) or
-# dropout's random stream, not its distribution.
+# What a resumed run may change: neither the data order nor what training
+# computes, at most its rounding (the CPU levers) or dropout's random stream.
 RESUMABLE = frozenset(
     'num_epochs data_dir manual_dir download_url test_split eval_batch_size '
     'progress_every_secs checkpoint_every_epochs checkpoints_to_keep '
@@ -115,9 +106,8 @@ RESUMABLE = frozenset(
 def resumable(config) -> frozenset[str]:
   """RESUMABLE, but num_epochs under a one-cycle rate, whose cycle spans
   every epoch: another num_epochs would move the rate at the restored step."""
-  if config['lr_schedule'] == 'one_cycle':
-    return RESUMABLE - {'num_epochs'}
-  return RESUMABLE
+  one_cycle = config['lr_schedule'] == 'one_cycle'
+  return RESUMABLE - {'num_epochs'} if one_cycle else RESUMABLE
 
 
 def validate(config: ml_collections.ConfigDict, devices: int = 1) -> None:

@@ -1,9 +1,4 @@
-"""Data parallelism: one mesh axis over every device of every process.
-
-The state is replicated; each batch is split along the 'data' axis, and XLA
-inserts the gradient all-reduce (jit with shardings, no pmap). Each process
-feeds its devices' part of every batch.
-"""
+"""Data parallelism: one mesh axis over every device of every process."""
 
 import jax
 from jax.experimental import multihost_utils
@@ -22,11 +17,8 @@ def create_mesh() -> jax.sharding.Mesh:
 
 
 def replicate(tree, mesh: jax.sharding.Mesh):
-  """`tree` (the same on every process) replicated on every device.
-
-  From host values: a new model's arrays are committed to one local device,
-  which `jax.device_put` cannot spread over processes.
-  """
+  """`tree` (the same on every process) replicated on every device, from host
+  values: `device_put` cannot spread a local device's arrays over processes."""
   sharding = NamedSharding(mesh, P())
 
   def put(x):
@@ -40,11 +32,8 @@ def replicate(tree, mesh: jax.sharding.Mesh):
 
 
 def global_batches(mesh: jax.sharding.Mesh, batches, whole: bool = False):
-  """Global arrays `(steps, global batch, ...)` of this process's batches.
-
-  `batches` holds this process's share of each batch, or, if `whole`, the
-  whole batches (on every process), of which each process takes its share.
-  """
+  """Global arrays `(steps, global batch, ...)` of `batches`: this process's
+  share of each, or, if `whole`, whole batches, of which it takes its share."""
   sharding = NamedSharding(mesh, P(None, AXIS))
   make = lambda x: jax.make_array_from_process_local_data(
       sharding, x, x.shape if whole else None
@@ -58,10 +47,8 @@ def local_copy(tree):
 
 
 def any_process(flag: bool) -> bool:
-  """Whether `flag` is true on any process; each must ask at the same point.
-
-  A preemption notice reaches one host first: all stop at the same step.
-  """
+  """Whether `flag` is true on any process (each asks at the same point): a
+  preemption notice reaches one host first, and all stop at the same step."""
   if jax.process_count() == 1:
     return flag
   return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))

@@ -1,8 +1,6 @@
-"""Progress of a run: clu's ReportProgress, a tqdm bar, its phases' seconds.
-
-clu's `ReportProgress` logs steps/s, percentage and ETA: what CI and log
-files get. On a terminal, tqdm's bar shows the epoch too, cleared while
-ReportProgress logs, so that log lines do not land inside it.
+"""Progress: clu's ReportProgress logs steps/s, percentage and ETA (what CI
+and log files get); on a terminal, tqdm's bar shows the epoch too, cleared
+while ReportProgress logs. The phases' seconds go to JAX's monitoring.
 """
 
 import contextlib
@@ -36,19 +34,15 @@ def timed(phase: str):
 
 
 class EpochProgress:
-  """The `on_steps` callback of `train.train_epoch`, within `epoch(...)`.
-
-  It reports the steps, and says whether to stop: `stop()` on any process.
-  `report` stands in for clu's ReportProgress, `stream` for stderr.
-  """
+  """The `on_steps` callback of `train.train_epoch`, within `epoch(...)`: it
+  reports the steps, and says whether to stop (`stop()` on any process)."""
 
   def __init__(
       self, config, steps_per_epoch, writer, stop, report=None, stream=None
   ):
     # Here: clu imports TensorFlow; train.py's steps need neither it nor tqdm.
-    # pylint: disable=g-import-not-at-top
-    from clu import periodic_actions
-    import tqdm
+    from clu import periodic_actions  # pylint: disable=g-import-not-at-top
+    import tqdm  # pylint: disable=g-import-not-at-top
 
     self._report = report or periodic_actions.ReportProgress(
         num_train_steps=config.num_epochs * steps_per_epoch,
@@ -68,8 +62,7 @@ class EpochProgress:
 
   @contextlib.contextmanager
   def epoch(self, epoch: int, step: int):
-    """`epoch` (from 1), from the run's global `step`; its bar left on its
-    own line after."""
+    """`epoch` (from 1), from the run's global `step`; its bar left after."""
     desc = f'epoch {epoch}/{self._config.num_epochs}'
     initial = step - (epoch - 1) * self._steps_per_epoch
     self._bar = self._new_bar(desc=desc, initial=initial)

@@ -1,11 +1,10 @@
 """What a command does before its imports, and about the libraries' noise.
 
-Every entry point calls `begin(sys.argv)` before the imports that take
-seconds (JAX, TensorFlow): TensorFlow's C++ start-up lines (printed before
-absl's logging is set up) and gRPC's INFO lines are held back unless `-v 1`.
-For training, SIGTERM and Ctrl-C are taken first, and the garbage collector
-is off while the imports make half a million objects that live until exit,
-which it would walk again and again: `imports_done` freezes them.
+Every entry point calls `begin(sys.argv)` before its imports of seconds (JAX,
+TensorFlow): TensorFlow's C++ start-up lines and gRPC's INFO lines are held
+back unless `-v 1`. For training, SIGTERM and Ctrl-C are taken first, and the
+collector is off while the imports make half a million objects that live
+until exit, which it would walk again and again: `imports_done` freezes them.
 """
 
 import gc
@@ -33,10 +32,7 @@ def early_flags(argv) -> flags.FlagValues:
 
 
 def quiet(argv, tensorflow_log_level: int = 1) -> None:
-  """TensorFlow's oneDNN and C++ log lines off, gRPC's but errors, unless -v 1.
-
-  Level 1 hides TensorFlow's INFO lines, 2 its warnings too.
-  """
+  """TensorFlow's level 1 hides its INFO lines, 2 its warnings too."""
   if early_flags(argv).verbosity < 1:
     os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
     os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', str(tensorflow_log_level))
@@ -65,12 +61,8 @@ def hide_gpus() -> None:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing; a `--config` that gives no config is one line.
-
-  config_flags loads the file as it parses the flag, and raises what loading
-  raised; a config field that does not exist is an AttributeError that
-  suggests the field meant. absl would print either with a traceback.
-  """
+  """absl's flag parsing; a `--config` that gives no config is one line, where
+  absl prints what config_flags raised loading it with a traceback."""
   try:
     rest = flags.FLAGS(argv)
     flags.FLAGS.config.keys()  # A file that could not be read raises here.
@@ -100,12 +92,9 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 class QuietLibraries(logging.Filter):
-  """Drops what orbax and TensorFlow log that the run says better itself.
-
-  Their INFO records narrate a checkpoint or a SavedModel in dozens of
-  lines; a failed write's traceback is logged again and again by orbax's
-  and clu's threads and their asyncio loops. The run logs one line.
-  """
+  """Drops what orbax and TensorFlow log that the run says better in a line:
+  their INFO narration of a checkpoint or SavedModel, and a failed write's
+  traceback, logged again and again by orbax's and clu's threads and loops."""
 
   def __init__(self):
     super().__init__()
@@ -123,12 +112,9 @@ class QuietLibraries(logging.Filter):
 
 
 def quiet_logs() -> None:
-  """QuietLibraries on absl's handler; dropped errors' reports as DEBUG lines.
-
-  After a failed checkpoint write, TensorStore's callbacks into orbax's
-  closed event loop fail a dozen times, each reported by Python.
-  """
+  """QuietLibraries on absl's handler; errors Python drops, as DEBUG lines."""
   absl_logging.get_absl_handler().addFilter(QuietLibraries())
+  # After a failed write, TensorStore's callbacks into orbax's closed loop.
   sys.unraisablehook = lambda unraisable: absl_logging.debug(
       'Ignored in %r: %r', unraisable.object, unraisable.exc_value
   )

@@ -1,15 +1,12 @@
 """SIGTERM and Ctrl-C (SIGINT): a prompt stop that loses nothing.
 
-Before training begins (imports, data, restore, compilation) there is
-nothing to save: a signal raises SystemExit(128 + the signal) in the main
-thread, after one line, so that every `finally` runs (the workdir's lock,
-temporary files); a process not ended `GRACE_SECS` later (in a long C++
-call, or a finalizer, where Python drops the exception) ends then. Once
-training has begun, a signal asks the loop to stop at its next dispatch,
-with a checkpoint (`asked`). A second Ctrl-C exits at once, even in a long
-computation: a thread reads the signals from Python's wakeup file
-descriptor, written by the C handler at once, where Python's handlers wait
-for the main thread to be back in Python.
+Before training begins there is nothing to save: a signal raises SystemExit
+(128 + the signal) in the main thread, after one line, so that every `finally`
+runs (the workdir's lock, temporary files), or ends the process `GRACE_SECS`
+later where Python drops it (a long C++ call, a finalizer). Once training has
+begun, the loop stops at its next dispatch, with a checkpoint. A second Ctrl-C
+exits at once, even in a long computation where Python's handlers would wait:
+a thread reads the signals from the wakeup fd, written by the C handler.
 """
 
 import functools
@@ -59,7 +56,6 @@ class StopSignals:
       raise SystemExit(128 + signum)
 
   def _tell(self, signum: signal.Signals) -> None:
-    """Prints, once, the line that says what `signum` did."""
     if self._said.acquire(blocking=False):
       print(
           f'{signum.name}: stopped before training began, with nothing to '
@@ -88,7 +84,6 @@ class StopSignals:
           os._exit(128 + signal.SIGINT)
 
   def _end(self, signum: signal.Signals) -> None:
-    """Ends a process that an interruption before training did not end."""
     if not self._training:
       self._tell(signum)
       sys.stderr.flush()
@@ -100,10 +95,7 @@ class StopSignals:
     return self.received is not None
 
   def exit_status(self, stopped: Stopped) -> int:
-    """Logs why the run `stopped`; returns 128 + the signal, as a shell does.
-
-    Where another process was asked (a preempted job's host), SIGTERM's.
-    """
+    """Logs why the run `stopped`; returns 128 + the signal, as a shell does."""
     if self.received:
       logging.warning('%s: %s', self.received.name, stopped)
       return 128 + self.received

@@ -1,7 +1,4 @@
-"""TensorBoard summaries: clu's writer, the epoch's images (uint8 RGB), texts.
-
-TensorBoard's `EventAccumulator` reads them back, here for the steps written.
-"""
+"""TensorBoard summaries by clu's writer: scalars, texts, uint8 RGB images."""
 
 import contextlib
 import functools
@@ -20,9 +17,8 @@ from run import progress
 from tensorboard.backend.event_processing import event_accumulator
 import tensorflow as tf
 
-# The misclassified grid: GRID x GRID cells of a digit SCALE times its size,
-# a caption under each, a header line. Its size is the same every epoch,
-# so that TensorBoard's step slider compares like with like.
+# The misclassified grid: GRID x GRID digits SCALE times their size, captioned,
+# under a header; the same size every epoch, for TensorBoard's step slider.
 GRID, SCALE, CAPTION, HEADER = 10, 3, 16, 20
 
 
@@ -44,11 +40,8 @@ def _write_errors():
 
 
 class NewStepsWriter:
-  """A metric writer that writes each tag only past the step it holds.
-
-  A resumed run repeats the steps after its checkpoint, which the
-  interrupted run may have summarised already (the same values).
-  """
+  """Writes each tag only past its `last` step: a resumed run repeats the steps
+  after its checkpoint, which the interrupted run may have summarised."""
 
   def __init__(self, writer: metric_writers.MetricWriter, last: dict):
     self._writer, self._last = writer, last
@@ -83,16 +76,13 @@ def create_writer(workdir: str, config, params) -> NewStepsWriter:
   if not last:  # A fresh run.
     writer.write_hparams(config.to_dict())
   writer = NewStepsWriter(writer, last)
-  # The config and the parameter count, as text (markdown in TensorBoard).
   count = sum(x.size for x in jax.tree.leaves(params))
   texts = {'config': f'```\n{config}```', 'num_params': f'{count:,} parameters'}
   writer.write_texts(0, texts)
   return writer
 
 
-def misclassified_grid(
-    images, labels, predicted, title: str = ''
-) -> np.ndarray:
+def misclassified_grid(images, labels, predicted, title='') -> np.ndarray:
   """The first GRID**2 misclassified test digits, tiled and captioned, RGB."""
   wrong = np.flatnonzero(predicted != labels)
   size = images.shape[1] * SCALE
@@ -116,11 +106,8 @@ def confusion_matrix(labels, predicted, classes: int = 10) -> np.ndarray:
 
 
 def confusion_matrix_image(matrix: np.ndarray, title: str = '') -> np.ndarray:
-  """The confusion matrix drawn with its counts, as a uint8 RGB array.
-
-  Colours follow log(1 + count): on a linear scale the diagonal's thousands
-  would hide the mistakes, which are what the picture is for.
-  """
+  """The confusion matrix drawn with its counts, as a uint8 RGB array; colours
+  follow log(1 + count), lest the diagonal's thousands hide the mistakes."""
   fig = figure.Figure(figsize=(6, 6), dpi=100)
   canvas = backend_agg.FigureCanvasAgg(fig)  # No display, no pyplot state.
   ax = fig.add_subplot()

@@ -18,10 +18,8 @@ LOCK_FILE = 'run.lock'
 
 @contextlib.contextmanager
 def exclusive(workdir: str, hold: bool = True):
-  """Holds `workdir`, created if need be, for this process (unless remote).
-
-  filelock's lock, which the system releases however the process ends.
-  """
+  """Holds `workdir`, created if need be, for this process (unless remote), by
+  filelock's lock, which the system releases however the process ends."""
   if not hold or '://' in workdir:
     yield
     return
