@@ -24,17 +24,15 @@ from tensorflow_datasets.core.download import download_manager
 
 
 def get_builder(config) -> tfds.core.DatasetBuilder:
-  """The TFDS builder of `config.dataset`, prepared if it was not.
-
-  Not by TFDS' own download, which retries for minutes offline. One whose
-  data TFDS reads unprepared (`tfds.testing.mock_data`'s) is left as it is.
+  """The TFDS builder of `config.dataset`, prepared if it was not (not by
+  TFDS' own download, which retries for minutes offline).
   """
   builder = tfds.builder(config.dataset, data_dir=config.data_dir or None)
   # Its file first: `is_prepared` warns of each version that lacks it.
   info = builder.data_path / 'dataset_info.json'
   if info.exists() and builder.is_prepared():
     return builder
-  try:
+  try:  # Data that TFDS reads unprepared (`tfds.testing.mock_data`'s) passes.
     builder.as_dataset(split=[])  # No split: only TFDS' check for its data.
     return builder
   except AssertionError:  # TFDS' word for a data set not prepared.
@@ -97,19 +95,17 @@ def download_files(builder, config) -> str:
 
 
 def from_tfds(config, split: str) -> sources.Arrays:
-  """`split` (any TFDS split or slice) from TFDS, prepared offline if need be.
-
-  Kept beside TFDS' files: later runs need not decode 70,000 PNGs again.
-  Read in batches: batch_size=-1 aborts under `tfds.testing.mock_data`.
-  """
+  """Any TFDS split or slice, from TFDS, prepared offline if need be."""
   builder = get_builder(config)
   key = str(split)  # A ReadInstruction for a process's share.
+  # Its arrays kept beside TFDS' files: no later run decodes 70,000 PNGs again.
   name = re.sub(r'[^A-Za-z0-9]+', '_', key).strip('_')
   cache = f'{builder.data_dir}/arrays/{name}-{zlib.crc32(key.encode()):08x}.npz'
   if os.path.isfile(cache):
     with np.load(cache) as saved:
       if len(saved['label']) == builder.info.splits[split].num_examples:
         return {'image': saved['image'], 'label': saved['label']}
+  # In batches: batch_size=-1 aborts under `tfds.testing.mock_data`.
   dataset = builder.as_dataset(split=split, batch_size=10_000)
   batches = list(tfds.as_numpy(dataset))
   arrays = sources.to_arrays(
@@ -157,9 +153,8 @@ def split_arrays(config, split: str) -> sources.Arrays:
 
 @progress.timed('data')
 def load(config) -> tuple[sources.Arrays, sources.Arrays]:
-  """This process's share of the training split, and the whole test split.
-
-  Each process (host) evaluates its part of every test batch.
+  """This process's share of the training split, and the whole test split
+  (each process evaluates its part of every test batch).
   """
   if config.data_source == 'tfds':
     train = from_tfds(config, tfds.split_for_jax_process(config.train_split))
@@ -214,10 +209,9 @@ def epoch_rest(config, step: int, steps: int, train_data) -> np.ndarray:
 
 
 def eval_batches(arrays: sources.Arrays, batch_size: int) -> sources.Arrays:
-  """Every example once, in `(batches, batch_size, ...)` arrays with a 'mask'.
-
-  The last batch padded with zeros, masked out: one compiled step serves
-  every batch, and the metrics count each example once.
+  """Every example once, in `(batches, batch_size, ...)` arrays with a 'mask':
+  the last batch is padded with zeros, masked out, so that one compiled step
+  serves every batch and the metrics count each example once.
   """
   n = len(arrays['label'])
   size = -(-n // batch_size) * batch_size

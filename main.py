@@ -1,11 +1,9 @@
 """Main file for running the MNIST example.
 
 This file is intentionally kept short. The majority of logic is in libraries
-that can be easily tested and imported in Colab. A mistake (config, workdir,
-data, a diverging loss, a failed write) ends the run with one line, `error:
-...`, and exit status 1; `--verbosity=1` shows the traceback too. SIGTERM or
-Ctrl-C stops training with a checkpoint, which the same command resumes
-(run/stop_signals.py); on a finished workdir, it exports the model again.
+that can be easily tested and imported in Colab. A mistake ends the run with
+one line, `error: ...`; SIGTERM or Ctrl-C stops it with a checkpoint, which the
+same command resumes (docs/running.md).
 """
 
 import sys

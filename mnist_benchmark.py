@@ -46,11 +46,9 @@ COMPILE_EVENTS = (
 def summarize(
     events, wall_time_s: float, peak_rss_mb: float, seconds: dict
 ) -> dict:
-  """The benchmark's figures from one run's summaries (an EventAccumulator).
-
-  Seconds per epoch: the median interval between epochs' test summaries
-  (evaluation included, the first epoch's compilation not); images/s: the
-  median after the first epoch.
+  """The figures of one run's summaries (an EventAccumulator): seconds per
+  epoch, the median interval between test summaries (evaluation included, the
+  first epoch's compilation not); images/s, the median after the first epoch.
   """
   accuracy = events.Tensors('test_accuracy')
   value = lambda event: tensor_util.make_ndarray(event.tensor_proto).item()
@@ -85,14 +83,19 @@ def timed_phases(start: float) -> collections.Counter:
   return seconds
 
 
-def report(config, workdir: str, seconds, precision: str) -> None:
-  """Prints the figures of the run in `workdir`; exits 1 if it fell short."""
+def run(argv) -> None:
+  """Trains as main.py does, prints the figures; exits 1 if they fell short."""
+  seconds = timed_phases(_START)
+  main.main(argv)
   peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   events = event_accumulator.EventAccumulator(
-      workdir, {event_accumulator.TENSORS: 0}  # All of them.
+      FLAGS.workdir, {event_accumulator.TENSORS: 0}  # All of them.
   ).Reload()
   result = summarize(events, time.perf_counter() - _START, peak_rss_mb, seconds)
-  result.update(config=config.to_dict(), matmul_precision=precision)
+  result.update(
+      config=FLAGS.config.to_dict(),
+      matmul_precision=cpu_layers.matmul_precision(FLAGS.config),
+  )
   for key, value in result.items():
     if key != 'config':
       print(f'{key}: {value}')
@@ -103,13 +106,6 @@ def report(config, workdir: str, seconds, precision: str) -> None:
         f'final test accuracy {result["final_test_accuracy"]:.4f} is outside '
         f'[{low}, {high}]'
     )
-
-
-def run(argv) -> None:
-  seconds = timed_phases(_START)
-  main.main(argv)
-  precision = cpu_layers.matmul_precision(FLAGS.config)
-  report(FLAGS.config, FLAGS.workdir, seconds, precision)
 
 
 if __name__ == '__main__':

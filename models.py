@@ -10,11 +10,10 @@ NUM_CLASSES = 10  # The digits.
 class CNN(nnx.Module):
   """A simple CNN model: the Flax example's, layer for layer.
 
-  824,650 parameters. Its dropout layers hold their own random streams, so a
-  checkpoint of the model resumes them; `rngs` at the call, as the example
-  passes it, draws from that instead. `layers` gives Conv, BatchNorm, Linear
-  and Dropout: `flax.nnx` itself, or the same layers with faster kernels
-  (cpu/layers.py); the parameters and their names do not depend on it.
+  824,650 parameters. Its dropout layers hold their own random streams, which
+  a checkpoint resumes; `rngs` at the call, as the example passes it, draws
+  from that instead. `layers`: `flax.nnx`, or its layers with faster kernels
+  (cpu/layers.py), the same parameters under the same names.
   """
 
   def __init__(

@@ -1,8 +1,7 @@
 """MNIST example.
 
-Library file which executes the training and evaluation loop for MNIST.
-The steps are the example's, run many to a dispatch in a jitted `lax.scan`
-over the split NNX state, as Flax's performance guide does it.
+Library file which executes the training and evaluation loop for MNIST, the
+example's steps many to a dispatch, as Flax's performance guide runs them.
 """
 
 import contextlib
@@ -41,9 +40,9 @@ def normalize(images) -> jax.Array:
   return jnp.asarray(signatures.PIXEL_VALUES)[images]
 
 
-def loss_fn(model: CNN, batch, rngs=None):
+def loss_fn(model: CNN, batch):
   """Mean cross-entropy of the batch, with per-example losses and logits."""
-  logits = model(normalize(batch['image']), rngs)
+  logits = model(normalize(batch['image']))
   losses = optax.softmax_cross_entropy_with_integer_labels(
       logits=logits, labels=batch['label']
   )
@@ -60,9 +59,8 @@ def train_step(model: CNN, optimizer, metrics, batch) -> jax.Array:
 
 
 def eval_step(model: CNN, metrics, batch) -> jax.Array:
-  """The metrics of the examples whose 'mask' is set; the predicted labels.
-
-  With the predictions, an epoch's mistakes cost no second pass.
+  """Metrics of the examples whose 'mask' is set; the predicted labels, so an
+  epoch's mistakes cost no second pass.
   """
   _, (losses, logits) = loss_fn(model, batch)
   metrics.update(
@@ -75,11 +73,9 @@ def eval_step(model: CNN, metrics, batch) -> jax.Array:
 def train_steps(graphdef, mesh, state, batches):
   """`train_step` on each of `batches` (`(steps, batch, ...)`), in a `lax.scan`.
 
-  A jitted pure function of the split state costs no per-step Python
-  (`nnx.jit` traverses the object graph on every call); the state stays
-  replicated over `mesh`. Returns the new state and the steps' losses. One
-  step runs without the loop, where XLA's CPU backend runs Flax's own
-  convolution gradients fast (in a loop, it runs them many times slower).
+  A pure function of the split state: `nnx.jit` would traverse the object
+  graph on every call. One step runs without the loop, in which XLA's CPU
+  backend runs Flax's own convolution gradients many times slower.
   """
   replicated = NamedSharding(mesh, PartitionSpec())
 
@@ -142,12 +138,10 @@ def train_epoch(
 ) -> int:
   """Trains `objects`, (model, optimizer, metrics), on `data[indices]`.
 
-  `indices`: `(steps, batch / process count)` indices into this process's
-  share; each step trains on the union of the processes' batches, `step`
-  the run's at `indices[0]`. After each dispatch of `steps_per_call` steps,
-  its losses are checked (a NaN would spread silently), and `on_steps(step)`
-  reports, and says whether to stop (the same on every process). Returns
-  the step reached; raises NonFiniteLoss for the first non-finite loss.
+  `indices`: this process's part of each step's batch, `step` the run's step
+  at `indices[0]`. After each dispatch, a non-finite loss raises NonFiniteLoss
+  (a NaN would spread silently), and `on_steps(step)` reports and says whether
+  to stop (the same on every process). Returns the step reached.
   """
   objects[0].train()
   graphdef, state = nnx.split(objects)
@@ -281,14 +275,12 @@ def train_and_evaluate(
   return summary
 
 
-def export(model: CNN, config, workdir: str) -> str | None:
-  """Exports `model`'s state as the next SavedModel, in Flax's own layers,
-  from the first process (the others return None).
-
-  Those compute in float32 on every platform the SavedModel runs on.
+def export(model: CNN, config, workdir: str) -> None:
+  """Exports `model`'s state as the next SavedModel from the first process, in
+  Flax's own layers: they compute in float32 on every platform.
   """
   if jax.process_index():
-    return None
+    return
   # Here: TensorFlow, which the steps do not need.
   from serving import export as saved_model  # pylint: disable=g-import-not-at-top
 
@@ -299,4 +291,3 @@ def export(model: CNN, config, workdir: str) -> str | None:
         flax_model, os.path.join(workdir, 'export', config.export_model_name)
     )
   logging.info('Exported the SavedModel to %s', path)
-  return path

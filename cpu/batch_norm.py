@@ -1,10 +1,9 @@
 """`nnx.BatchNorm` in training with its gradient written out: fewer passes.
 
-JAX's gradient of Flax's normalisation keeps each intermediate (the centred
-input, the normalised one, the output) for the backward pass, and XLA's CPU
-backend writes each as a whole array. Written out, the backward pass reads
-only the input and its statistics, and the forward pass writes only the
-output: the same sums in float32, to rounding.
+JAX's gradient of Flax's normalisation keeps the centred input, the normalised
+one and the output, each a whole array that XLA's CPU backend writes. Written
+out, the forward pass writes only the output and the backward pass reads only
+the input and its statistics: the same sums in float32, to rounding.
 """
 
 import functools
@@ -18,9 +17,8 @@ import jax.numpy as jnp
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def batch_norm(x, scale, bias, epsilon: float):
-  """`x` normalised over all axes but the last, as Flax's fast variance does.
-
-  Returns it with the batch's mean and variance.
+  """`x` normalised over all axes but the last, as Flax's fast variance does,
+  with the batch's mean and variance.
   """
   return _batch_norm_fwd(x, scale, bias, epsilon)[0]
 
@@ -55,11 +53,8 @@ batch_norm.defvjp(_batch_norm_fwd, _batch_norm_bwd)
 
 
 class BatchNorm(nnx.BatchNorm):
-  """`nnx.BatchNorm`, its batch statistics' pass by `batch_norm`.
-
-  The same state and results. What `batch_norm` does not cover (the running
-  averages in use, a mask, a named axis, other than the last axis normalised
-  with a scale and a bias in float32) runs as `nnx.BatchNorm`.
+  """`nnx.BatchNorm`, its batch statistics' pass by `batch_norm` where that
+  covers the call: the same state and results.
   """
 
   def __call__(self, x, use_running_average=None, *, mask=None):
@@ -83,10 +78,8 @@ class BatchNorm(nnx.BatchNorm):
       return super().__call__(x, use_running_average, mask=mask)
     y, mean, var = batch_norm(x, self.scale[...], self.bias[...], self.epsilon)
     momentum = self.momentum
-    self.mean[...] = lax.stop_gradient(
-        momentum * self.mean[...] + (1 - momentum) * mean
-    )
-    self.var[...] = lax.stop_gradient(
-        momentum * self.var[...] + (1 - momentum) * var
-    )
+    for average, batch in ((self.mean, mean), (self.var, var)):
+      average[...] = lax.stop_gradient(
+          momentum * average[...] + (1 - momentum) * batch
+      )
     return y

@@ -15,10 +15,9 @@ import jax.numpy as jnp
 
 
 def narrow_keep_bits(keep: float) -> tuple[jnp.dtype, int] | None:
-  """The narrowest unsigned draw that keeps with probability `keep`, to 0.1%.
-
-  Its dtype and the threshold below which a draw keeps; None where even 32
-  bits do not come within 0.1% (`keep` below about 1e-7, or 0).
+  """The dtype of the narrowest unsigned draw that keeps with probability
+  `keep`, to 0.1%, and the threshold below which a draw keeps; None where even
+  32 bits do not come within 0.1% (`keep` below about 1e-7, or 0).
   """
   for dtype in (jnp.uint8, jnp.uint16, jnp.uint32):
     values = 2 ** jnp.iinfo(dtype).bits
@@ -29,10 +28,9 @@ def narrow_keep_bits(keep: float) -> tuple[jnp.dtype, int] | None:
 
 
 def narrow_draws(key: jax.Array, shape, dtype) -> jax.Array:
-  """Uniform `dtype` draws: chunk `j` of word `i` is draw `i + j * words`.
-
-  Not JAX's interleaved narrow draws: XLA repeats their transpose in each
-  fusion that reads the mask.
+  """Uniform `dtype` draws, chunk `j` of word `i` draw `i + j * words`: not
+  JAX's interleaved ones, whose transpose XLA repeats in each fusion that
+  reads the mask.
   """
   bits = jnp.iinfo(dtype).bits
   size = math.prod(shape)
@@ -43,11 +41,8 @@ def narrow_draws(key: jax.Array, shape, dtype) -> jax.Array:
 
 
 class NarrowDropout(nnx.Dropout):
-  """`nnx.Dropout`, its mask from `narrow_draws`.
-
-  Kept inputs are divided by the rate the threshold keeps: the expectation
-  is exact. A broadcast mask, a key passed in, or a rate that no width
-  fits draws as `nnx.Dropout` does.
+  """`nnx.Dropout`, its mask from `narrow_draws` where that covers the call;
+  kept inputs divided by the rate the threshold keeps: the expectation is exact.
   """
 
   def __call__(self, inputs, *, deterministic=None, rngs=None):

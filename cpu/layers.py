@@ -1,11 +1,8 @@
 """The layers `models.CNN` is built with on a CPU: Flax's own, faster there.
 
-With `config.cpu_levers` on a CPU, `flax.nnx` with four of its layers
-replaced by subclasses: Conv and Linear given other kernels through their
-construction arguments (cpu/matmuls.py: the same math, or bf16 matmuls),
-Dropout of narrower random bits (cpu/dropout.py), BatchNorm's gradient
-written out (cpu/batch_norm.py). Every other name is Flax's own. Their
-state is Flax's: checkpoints and the export do not depend on them.
+With `config.cpu_levers` on a CPU, `flax.nnx` with Conv, Linear, Dropout and
+BatchNorm replaced by subclasses (cpu/matmuls.py, dropout.py, batch_norm.py)
+whose state is Flax's: checkpoints and the export do not depend on them.
 """
 
 import functools
@@ -34,11 +31,7 @@ def cpu_flags() -> frozenset[str]:
 
 
 def bf16_matmuls(config, platform=None, flags=None) -> tuple[bool, str]:
-  """Whether the matmuls take bf16 operands, and why, for the log.
-
-  'auto' where the CPU multiplies bf16 natively (`flags`, by default this
-  CPU's); 'bfloat16' and 'float32' decide on any CPU.
-  """
+  """Whether the matmuls take bf16 operands, and why, for the log."""
   why = f'matmul_precision={config.matmul_precision}'
   platform = platform or jax.default_backend()
   if platform != 'cpu':
@@ -66,10 +59,8 @@ def matmul_precision(config, platform=None, flags=None) -> str:
 
 @functools.cache
 def with_default(layer: type[nnx.Module], argument: str, value) -> type:
-  """A subclass of `layer` whose `argument` is `value` unless one is given.
-
-  A class, as Flax's are: subclassed, named in `isinstance`, its constructor
-  Flax's own (the same arguments, the same signature shown).
+  """A subclass of `layer` whose `argument` is `value` unless one is given: a
+  class, as Flax's are (subclassed, in `isinstance`, the same signature shown).
   """
 
   @functools.wraps(layer.__init__)
@@ -88,24 +79,22 @@ class Layers(types.SimpleNamespace):
     return getattr(nnx, name)
 
 
-def steps_per_call(config, platform=None) -> int:
-  """`config.steps_per_call`, but 1 on a CPU with Flax's own layers.
-
-  XLA's CPU backend runs their convolution gradients many times slower in
-  `train.train_steps`' loop than in one step jitted alone.
+def steps_per_call(config) -> int:
+  """`config.steps_per_call`, but 1 on a CPU with Flax's own layers: XLA runs
+  their convolution gradients many times slower in `train.train_steps`' loop.
   """
-  if (platform or jax.default_backend()) == 'cpu' and not config.cpu_levers:
+  if jax.default_backend() == 'cpu' and not config.cpu_levers:
     return 1
   return config.steps_per_call
 
 
-def for_config(config, platform=None, flags=None):
+def for_config(config, platform=None):
   """What `models.CNN` takes as `layers`; logs the matmuls' precision."""
   logging.info('Matmul precision: %s.', matmul_precision(config, platform))
   if (platform or jax.default_backend()) != 'cpu' or not config.cpu_levers:
     return nnx
   conv, dot = matmuls.conv_general_dilated, jax.lax.dot_general
-  if bf16_matmuls(config, platform, flags)[0]:
+  if bf16_matmuls(config, platform)[0]:
     conv, dot = matmuls.conv_general_dilated_bf16, matmuls.dot_general_bf16
   narrow = config.narrow_dropout_bits
   return Layers(

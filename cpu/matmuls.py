@@ -3,8 +3,7 @@
 XLA's CPU backend runs a convolution's transposed gradients slowly, above
 all inside `lax.scan`; as matmuls (im2col) the same sums run fast. bf16
 operands with float32 results, forward and backward, as a TPU's default
-precision, where the CPU multiplies bf16 natively. What they do not cover
-(strides, dilations, groups, other paddings) `lax` computes.
+precision, where the CPU multiplies bf16 natively. `lax` computes the rest.
 """
 
 import functools
@@ -44,10 +43,8 @@ def _patches(x, kh: int, kw: int) -> jax.Array:
 
 
 def _col2im(patch_grads, shape, kh: int, kw: int) -> jax.Array:
-  """The transpose of `_patches`: each tap's part added back where it read.
-
-  `patch_grads` rows are the pixels of the `_pad`ded output gradient: each
-  tap's window, mirrored, is a slice of them, all summed in one pass.
+  """The transpose of `_patches`, from rows of the `_pad`ded output gradient's
+  pixels: each tap's window of them, mirrored, is its part; summed in one pass.
   """
   b, h, w, c = shape
   taps = patch_grads.reshape(b, h + kh - 1, w + kw - 1, kh * kw, c)
@@ -104,9 +101,8 @@ def _transposed(a) -> jax.Array:
 
 @jax.custom_vjp
 def matmul_bf16(a, b):
-  """`a @ b` of float32 matrices from their bf16 roundings, a float32 result.
-
-  Its gradients too (`jax.grad` of a bf16 dot keeps only the forward one).
+  """`a @ b` of float32 matrices from their bf16 roundings, a float32 result;
+  its gradients too (`jax.grad` of a bf16 dot keeps only the forward one).
   """
   return _matmul_bf16_fwd(a, b)[0]
 
@@ -139,10 +135,9 @@ def _bf16_patches(x, kh: int, kw: int) -> jax.Array:
 
 
 def _bf16_kernel_gradient(x, g, kh: int, kw: int) -> jax.Array:
-  """`_bf16_patches(x).T @ g`, the kernel gradient, `g` bf16.
-
-  Windows of `x` transposed to (C, H, W, B), pairs of images as uint32
-  words: a transposed copy moves slowly.
+  """`_bf16_patches(x).T @ g`, the kernel gradient, `g` bf16: windows of `x`
+  transposed to (C, H, W, B), pairs of images as uint32 words: a transposed
+  copy moves slowly.
   """
   b, h, w, c = x.shape
   if b % 2:  # Pairs of images: one more, of zeros, adds nothing.

@@ -24,9 +24,8 @@ class DownloadError(Exception):
 
 @contextlib.contextmanager
 def whole_file(path: str):
-  """A binary file to write that appears at `path` only if written whole.
-
-  Removed if the block raises (SystemExit too): no later run reads half of it.
+  """A binary file to write that appears at `path` only if written whole:
+  removed if the block raises (SystemExit too), no later run reads half of it.
   """
   incomplete = f'{path}.{os.getpid()}.incomplete'
   try:
@@ -58,11 +57,9 @@ def _open(url: str):
 
 
 def fetch(url_infos: dict, directory: str, mirror: str = '') -> None:
-  """Fetches TFDS' `url_infos` (address -> UrlInfo) into `directory`.
-
-  From the addresses, or from `mirror`, a directory of the same file names;
-  a file already there and whole is kept. DownloadError names the first
-  that could not be fetched whole.
+  """Fetches TFDS' `url_infos` (address -> UrlInfo) into `directory`, from
+  the addresses or from `mirror`, a directory of the same file names; a file
+  already there and whole is kept.
   """
   os.makedirs(directory, exist_ok=True)
   for url, info in sorted(url_infos.items()):

@@ -1,8 +1,6 @@
-"""The sources other than TFDS, and what every source shares.
-
-Each reads a split as uint8 images and integer labels, which `to_arrays`
-makes the same `Arrays`: `idx` the four original `*-ubyte[.gz]` files,
-`hf` Hugging Face `datasets`, `torchvision` (optional: PyTorch).
+"""The sources other than TFDS (idx, hf, torchvision), and what every source
+shares: `to_arrays`, which makes the uint8 images and labels they read the
+same `Arrays`.
 """
 
 import glob
@@ -102,9 +100,8 @@ def from_idx(config, split: str) -> Arrays:
 
 
 def hf_arrays(dataset) -> Arrays:
-  """A Hugging Face `Dataset` of 'image' and 'label' as `Arrays`.
-
-  NumPy format reads a column as one array; uint8 spares int64 pixels first.
+  """A Hugging Face `Dataset` of 'image' and 'label' as `Arrays`, read in NumPy
+  format, a column as one array; uint8 spares int64 pixels first.
   """
   data = dataset.with_format(
       'numpy', columns=['image', 'label'], dtype=np.uint8
@@ -113,10 +110,9 @@ def hf_arrays(dataset) -> Arrays:
 
 
 def from_hf(config, split: str) -> Arrays:
-  """`split` from Hugging Face datasets: the Hub (or its cache) or data_dir.
-
-  `config.data_dir`: a `save_to_disk` directory, or one of
-  `<split>-*.parquet` files (a copy of the Hub's repository).
+  """`split` from Hugging Face datasets: the Hub (or its cache), or
+  `config.data_dir`, a `save_to_disk` directory or a copy of the Hub's
+  repository (`<split>-*.parquet` files).
   """
   try:
     import datasets  # pylint: disable=g-import-not-at-top
@@ -159,9 +155,8 @@ np.savez(out, images=dataset.data.numpy(), labels=dataset.targets.numpy())
 
 
 def from_torchvision(config, split: str) -> Arrays:
-  """`split` from torchvision's `.data` and `.targets`, in its own process.
-
-  `config.data_dir`: its root, where it downloads the files if need be.
+  """`split` from torchvision's `.data` and `.targets`, in its own process;
+  `config.data_dir` is its root, where it downloads the files if need be.
   """
   if importlib.util.find_spec('torchvision') is None:
     raise errors.UserError(
