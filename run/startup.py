@@ -32,7 +32,8 @@ def early_flags(argv) -> flags.FlagValues:
 
 
 def quiet(argv, tensorflow_log_level: int = 1) -> None:
-  """TensorFlow's level 1 hides its INFO lines, 2 its warnings too."""
+  """TensorFlow's oneDNN and C++ log lines off, gRPC's but errors, unless -v 1;
+  TensorFlow's level 1 hides its INFO lines, 2 its warnings too."""
   if early_flags(argv).verbosity < 1:
     os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
     os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', str(tensorflow_log_level))

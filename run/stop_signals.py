@@ -100,7 +100,7 @@ class StopSignals:
       logging.warning('%s: %s', self.received.name, stopped)
       return 128 + self.received
     logging.warning('another process was asked to stop: %s', stopped)
-    return 128 + signal.SIGTERM
+    return 128 + signal.SIGTERM  # Its host's preemption notice, as this one's.
 
 
 @functools.cache
